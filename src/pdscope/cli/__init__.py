@@ -1,0 +1,66 @@
+"""The command line: argument parsing and dispatch, nothing else.
+
+Each command lives in its own module with ``register(subparsers)``, which adds its parser and
+sets ``handler``; the work itself is done by library functions a notebook can call too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pdscope import __version__
+from pdscope.cli import ceiling, devices, kv
+from pdscope.cli.common import CliParser, print_error
+from pdscope.errors import PdscopeError
+
+COMMANDS = (ceiling, kv, devices)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = CliParser(
+        prog="pdscope",
+        description=(
+            "Measure prefill (time to first token) and decode (tokens/s) on your LLM server,\n"
+            "set each beside the physical ceiling of your hardware, and learn what to change."
+        ),
+        epilog=(
+            "examples:\n"
+            "  pdscope ceiling --params 8e9 --dtype fp16      the article's ceiling table\n"
+            "  pdscope kv --model config.json --context 8000  KV cache a request holds\n"
+            "  pdscope devices --probe                         measure this machine\n"
+            "\n"
+            "Run 'pdscope COMMAND --help' for a command's options and examples."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"pdscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CliParser)
+    for module in COMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        code = args.handler(args)
+    except PdscopeError as exc:
+        print_error(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print_error("interrupted")
+        return 130
+    except BrokenPipeError:
+        # The reader went away (| head): stop quietly, as other command-line tools do.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    return int(code or 0)
+

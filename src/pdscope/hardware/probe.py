@@ -1,0 +1,248 @@
+"""What this machine is: an NVIDIA GPU named by nvidia-smi, an Apple chip, or a measured CPU.
+
+A CPU has no datasheet figure pdscope could trust (the same chip ships with one memory channel
+or twelve), so its ceiling is measured: a STREAM-like numpy probe for memory bandwidth and a
+matmul for FLOPS. A measurement is never a single number: every probe takes a warm-up run, then
+the best of several, and reports the spread so a caller can warn when the machine was busy.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from pdscope.errors import InputError
+from pdscope.hardware.devices import DeviceSpec, match_gpu_name
+
+_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class BandwidthProbe:
+    """CPU memory bandwidth, measured. GB/s are 10^9 bytes/s, as in the device table.
+
+    ``copy_gb_s`` and ``triad_gb_s`` are each the best of ``runs``; ``best_gb_s`` is the larger
+    of the two and is what a CPU's decode ceiling should use. ``run_gb_s`` holds each run's
+    best of copy and triad; ``spread`` is (max - min) / median of those, and above about 0.1
+    means the machine was busy or throttling and the figure deserves a warning.
+    """
+
+    copy_gb_s: float
+    triad_gb_s: float
+    best_gb_s: float
+    runs: int
+    array_mb: float
+    spread: float
+    run_gb_s: tuple[float, ...] = ()
+    threads: int = 1
+
+
+def _usable_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def probe_cpu_bandwidth(
+    array_mb: float = 256, runs: int = 7, threads: int | None = None
+) -> BandwidthProbe:
+    """Measure memory bandwidth with numpy copy and triad over arrays of ``array_mb`` MB each.
+
+    Three float64 arrays of ``array_mb`` MB (10^6 bytes) are allocated and touched first, each
+    slice by the thread that will use it, so page faults are not timed. 256 MB each is far
+    beyond the last-level cache of common CPUs; on a part with a larger cache (EPYC with 3D
+    V-Cache) pass a larger ``array_mb``, or the figure is the cache's bandwidth. Each thread
+    works on its own slice (numpy releases the GIL in these loops), because one core cannot
+    saturate a memory system and llama.cpp or vLLM-CPU decode on all of them.
+
+    Bytes are counted as the program moves them, not as STREAM would:
+
+    - copy, ``np.copyto(b, a)``: read ``a``, write ``b``: 2 x array bytes.
+    - triad, ``a = b + s*c`` in two numpy passes, ``np.multiply(c, s, out=a)`` then
+      ``np.add(a, b, out=a)``: read ``c``, write ``a``, read ``a``, read ``b``, write ``a``:
+      5 x array bytes (STREAM's fused triad moves 3; counting 3 here would understate it).
+
+    Write-allocate traffic (a store reading its cache line first) is not counted, as in STREAM,
+    so both figures are a little below what the memory bus carried. One warm-up run of each is
+    discarded. About 1 s on two cores with the defaults.
+    """
+    if array_mb <= 0:
+        raise InputError(f"array size must be positive, got {array_mb} MB")
+    if runs < 1:
+        raise InputError(f"runs must be at least 1, got {runs}")
+    n = max(1, int(array_mb * 1e6) // 8)
+    nbytes = n * 8
+    workers = max(1, min(threads if threads is not None else _usable_cpus(), n))
+
+    a = np.empty(n)
+    b = np.empty(n)
+    c = np.empty(n)
+    scalar = 3.0
+    bounds = [(n * i // workers, n * (i + 1) // workers) for i in range(workers)]
+    slices = [(a[lo:hi], b[lo:hi], c[lo:hi]) for lo, hi in bounds]
+
+    def touch(i: int) -> None:
+        # First touch faults the pages in, on the thread that will use them (NUMA-local).
+        for array in slices[i]:
+            array.fill(1.0)
+
+    def copy(i: int) -> None:
+        sa, sb, _ = slices[i]
+        np.copyto(sb, sa)
+
+    def triad(i: int) -> None:
+        sa, sb, sc = slices[i]
+        np.multiply(sc, scalar, out=sa)
+        np.add(sa, sb, out=sa)
+
+    copies: list[float] = []
+    triads: list[float] = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+
+        def timed(kernel: Callable[[int], None]) -> float:
+            start = time.perf_counter()
+            list(pool.map(kernel, range(workers)))
+            return time.perf_counter() - start
+
+        timed(touch)
+        timed(copy)
+        timed(triad)
+        for _ in range(runs):
+            copies.append(2 * nbytes / timed(copy) / 1e9)
+            triads.append(5 * nbytes / timed(triad) / 1e9)
+
+    per_run = tuple(max(x, y) for x, y in zip(copies, triads, strict=True))
+    median = statistics.median(per_run)
+    return BandwidthProbe(
+        copy_gb_s=max(copies),
+        triad_gb_s=max(triads),
+        best_gb_s=max(max(copies), max(triads)),
+        runs=runs,
+        array_mb=nbytes / 1e6,
+        spread=(max(per_run) - min(per_run)) / median if median > 0 else 0.0,
+        run_gb_s=per_run,
+        threads=workers,
+    )
+
+
+def probe_cpu_matmul_tflops(n: int = 1024, runs: int = 5) -> float:
+    """Best fp32 numpy matmul rate over ``runs``, in TFLOPS, counting 2 n^3 FLOPs a product.
+
+    This is what numpy's BLAS reaches on all its threads, a practical ceiling for CPU prefill
+    (which runs matmuls much like this one), not the chip's theoretical peak. One warm-up first.
+    """
+    if n < 1 or runs < 1:
+        raise InputError(f"matmul size and runs must be at least 1, got n={n}, runs={runs}")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, n), dtype=np.float32)
+    y = rng.standard_normal((n, n), dtype=np.float32)
+    out = np.empty((n, n), dtype=np.float32)
+    np.matmul(x, y, out=out)
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        np.matmul(x, y, out=out)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / max(best, 1e-9) / 1e12
+
+
+def _run(argv: list[str]) -> str | None:
+    """stdout of a short command, or None if it is missing, fails or hangs."""
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def nvidia_smi_gpus() -> list[str]:
+    """GPU names as ``nvidia-smi --query-gpu=name`` prints them, one per GPU; [] without one."""
+    out = _run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
+    if out is None:
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def cpu_model_name() -> str:
+    """The CPU's marketing name: /proc/cpuinfo, sysctl on macOS, else what platform knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        brand = _run(["sysctl", "-n", "machdep.cpu.brand_string"])
+        if brand and brand.strip():
+            return brand.strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _memory_gb() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def local_cpu_spec(probe: BandwidthProbe, matmul_tflops: float | None) -> DeviceSpec:
+    """A device spec for this CPU from measurements: bandwidth from ``probe``, FLOPS from the
+    fp32 matmul probe (stored as ``bf16_tflops``, the field the prefill ceiling reads)."""
+    source = (
+        "measured by pdscope devices --probe: numpy copy/triad, "
+        f"best of {probe.runs} runs on {probe.threads} threads, {probe.array_mb:.0f} MB arrays"
+    )
+    if matmul_tflops is not None:
+        source += "; TFLOPS from an fp32 numpy matmul"
+    return DeviceSpec(
+        id="local-cpu",
+        name=f"{cpu_model_name()} (measured)",
+        aliases=(),
+        kind="cpu",
+        mem_bandwidth_gb_s=probe.best_gb_s,
+        bf16_tflops=matmul_tflops,
+        fp8_tflops=None,
+        memory_gb=_memory_gb(),
+        source=source,
+        measured=True,
+    )
+
+
+def _apple_chip() -> DeviceSpec | None:
+    if platform.system() != "Darwin" or platform.machine() != "arm64":
+        return None
+    spec = match_gpu_name(cpu_model_name())
+    return spec if spec is not None and spec.kind == "apple" else None
+
+
+def detect_local_device(probe_cpu: bool = True) -> DeviceSpec | None:
+    """The device an LLM server on this machine most likely runs on.
+
+    An NVIDIA GPU found by nvidia-smi comes first (the first GPU when there are several). A GPU
+    whose name is not in the table gives ``None``, not the CPU's figure: the server runs on that
+    GPU, and the caller should ask for ``--device``. Then an Apple chip by its brand string
+    (the table holds each chip's largest configuration). Else, when ``probe_cpu``, the CPU as
+    measured now (about 1.5 s); else ``None``.
+    """
+    gpus = nvidia_smi_gpus()
+    if gpus:
+        return match_gpu_name(gpus[0])
+    apple = _apple_chip()
+    if apple is not None:
+        return apple
+    if not probe_cpu:
+        return None
+    return local_cpu_spec(probe_cpu_bandwidth(), probe_cpu_matmul_tflops())

@@ -1,0 +1,1 @@
+"""Output: terminal tables, JSON, and (later) HTML reports."""

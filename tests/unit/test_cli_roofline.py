@@ -1,0 +1,161 @@
+"""The ceiling, kv and devices commands, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdscope.cli import build_parser
+from tests.conftest import MODEL_CONFIGS
+
+ARTICLE = [
+    ("cpu-ddr5-5600-2ch", "CPU, dual channel DDR5-5600", 90, 6),
+    ("a10g", "NVIDIA A10G", 600, 38),
+    ("l40s", "NVIDIA L40S", 864, 54),
+    ("rtx-4090", "NVIDIA RTX 4090", 1008, 63),
+    ("a100-80gb-sxm", "NVIDIA A100 80GB SXM", 2039, 127),
+    ("h100-sxm", "NVIDIA H100 SXM", 3350, 209),
+]
+
+
+def pdscope(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pdscope", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(("device_id", "name", "bandwidth", "ceiling"), ARTICLE)
+def test_ceiling_json_reproduces_each_row_of_the_article(
+    device_id: str, name: str, bandwidth: int, ceiling: int
+) -> None:
+    r = pdscope("ceiling", "--params", "8e9", "--dtype", "fp16", "--device", device_id, "--json")
+    assert r.returncode == 0, r.stderr
+    [row] = json.loads(r.stdout)
+    assert {k: row[k] for k in ("device", "mem_bandwidth_gb_s", "decode_ceiling_tok_s")} == {
+        "device": name,
+        "mem_bandwidth_gb_s": bandwidth,
+        "decode_ceiling_tok_s": ceiling,
+    }
+
+
+def test_ceiling_without_devices_prints_the_article_table_in_its_order() -> None:
+    r = pdscope("ceiling", "--params", "8e9", "--dtype", "fp16", "--json")
+    rows = json.loads(r.stdout)
+    assert [(x["device"], x["decode_ceiling_tok_s"]) for x in rows] == [
+        (name, c) for _, name, _, c in ARTICLE
+    ]
+    table = pdscope("ceiling", "--params", "8e9", "--dtype", "fp16", "--device", "h100-sxm")
+    assert table.returncode == 0
+    assert "209" in table.stdout and "NVIDIA H100 SXM" in table.stdout
+
+
+def test_ceiling_with_a_model_context_and_batch() -> None:
+    cfg = str(MODEL_CONFIGS / "meta-llama__Llama-3.1-8B.json")
+    r = pdscope(
+        "ceiling", "--model", cfg, "--context", "8000", "--batch", "32", "--device", "l40s",
+        "--what-if", "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    [row] = json.loads(r.stdout)
+    assert row["kv_bytes_read_per_token"] == 131072 * 8000
+    # Each of the 32 sequences reads its own 1 GB of KV a step; the weights are read once.
+    weights = row["weight_bytes_read_per_token"]
+    expected = 32 * 864e9 / (weights + 32 * 131072 * 8000)
+    assert row["batch"] == 32
+    assert row["batch_throughput_tok_s"] == pytest.approx(expected)
+    assert row["batch_throughput_tok_s"] > 10 * row["decode_ceiling_tok_s_exact"]
+    bits = {w["bits"]: w["speedup"] for w in row["quantization_whatif"]}
+    assert bits[8] > 1.5 and bits[4] > bits[8]
+
+
+def test_kv_json_for_the_articles_8b_example() -> None:
+    r = pdscope("kv", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
+                "--context", "8000", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["kv_bytes_per_token"] == 131072
+    assert out["kv_bytes_per_request"] == 131072 * 8000  # about 1 GB
+
+
+def test_kv_json_with_a_device_gives_the_pool_and_moe_parameter_counts() -> None:
+    cfg = str(MODEL_CONFIGS / "openai__gpt-oss-20b.json")
+    r = pdscope("kv", "--model", cfg, "--context", "8000", "--device", "h100-sxm", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for key in ("kv_bytes_per_token", "kv_bytes_per_request", "max_concurrent_sequences",
+                "parameters", "active_parameters"):  # fmt: skip
+        assert key in out
+    assert out["active_parameters"] < out["parameters"] / 4
+    assert out["max_concurrent_sequences"] == int(
+        out["kv_pool_bytes"] // out["kv_bytes_per_request"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["kv", "--model", "/no/such/config.json"], "no such file"),
+        (["ceiling", "--params", "0"], "must be positive"),
+        (["ceiling", "--params=-8e9"], "must be positive"),
+        (["ceiling", "--params", "-8e9"], "expected one argument"),
+        (["ceiling", "--params", "8e9", "--device", "h1OO sxm"], "did you mean h100-sxm"),
+        (["ceiling", "--params", "8e9", "--device", "a100"], "a100-80gb-sxm"),
+        (["ceiling", "--params", "8e9", "--dtype", "fp7"], "unknown dtype"),
+        (["kv", "--params", "8e9"], "needs the model's shape"),
+        (["ceiling"], "say which model"),
+    ],
+)
+def test_bad_input_gives_one_line_and_exit_2(args: list[str], message: str) -> None:
+    r = pdscope(*args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("pdscope: ") and message in lines[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_json_that_is_not_a_config_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text('{"hello": 1}')
+    r = pdscope("kv", "--model", str(bad))
+    assert r.returncode == 2 and "not a model config" in r.stderr
+    cfg = json.loads((MODEL_CONFIGS / "meta-llama__Llama-3.1-8B.json").read_text())
+    del cfg["num_key_value_heads"], cfg["hidden_size"]
+    bad.write_text(json.dumps(cfg))
+    r = pdscope("kv", "--model", str(bad))
+    assert r.returncode == 2 and "missing hidden_size" in r.stderr
+
+
+def test_a_context_beyond_the_models_maximum_warns_but_runs() -> None:
+    cfg = str(MODEL_CONFIGS / "mistralai__Mistral-7B-v0.1.json")  # 32,768 positions
+    r = pdscope("kv", "--model", cfg, "--context", "100000", "--json")
+    assert r.returncode == 0
+    assert "warning" in r.stderr and "beyond" in r.stderr
+    assert json.loads(r.stdout)["context"] == 100000
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    names = list(sub.choices)  # type: ignore[union-attr]
+    assert {"ceiling", "kv", "devices"} <= set(names)
+    for name in names:
+        r = pdscope(name, "--help")
+        assert r.returncode == 0
+        assert "examples:" in r.stdout and f"pdscope {name}" in r.stdout.split("examples:")[1]
+
+
+def test_version() -> None:
+    r = pdscope("--version")
+    assert r.returncode == 0 and r.stdout.startswith("pdscope ")
+
+
+def test_devices_json_lists_the_table_with_sources() -> None:
+    r = pdscope("devices", "--json")
+    rows = json.loads(r.stdout)["devices"]
+    assert len(rows) >= 30
+    assert all(row["source"] for row in rows)
