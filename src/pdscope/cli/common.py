@@ -25,6 +25,7 @@ def _width() -> int | None:
 
 
 console = Console(highlight=False, width=_width())
+err_console = Console(stderr=True, highlight=False)
 
 
 class CliParser(argparse.ArgumentParser):

