@@ -1,0 +1,214 @@
+"""The OpenAI-compatible streaming APIs: ``/v1/completions`` and ``/v1/chat/completions``.
+
+Requests stream (``stream: true``) and ask for usage in the last chunk
+(``stream_options: {"include_usage": true}``: that chunk has ``choices: []``; every other chunk
+has ``usage: null``). vLLM and the reference server are also asked for
+``continuous_usage_stats``: usage in every chunk, whose running ``completion_tokens`` tells how
+many tokens each chunk carried (vllm-project/vllm ``vllm/entrypoints/openai/protocol.py``,
+``StreamOptions``: "This parameter is not OpenAI-compatible but vLLM supports this").
+
+What a chunk carries:
+
+* completions: ``choices[0].text``; chat: ``choices[0].delta`` with ``content`` and, for
+  reasoning models, ``reasoning_content`` (llama.cpp, DeepSeek style) or ``reasoning`` — reasoning
+  tokens are generated tokens, so they count. A chat chunk with only ``role``, or an empty text,
+  is not a token (vLLM's own benchmark counts the role chunk as the first token; pdscope does not).
+* ``usage``: ``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``.
+* llama.cpp's ``timings`` (ggml-org/llama.cpp ``tools/server/README.md``, "Timings and context
+  usage"): ``prompt_n`` (prompt tokens processed, the cached ones not included), ``cache_n``,
+  ``prompt_ms``, ``predicted_n``, ``predicted_ms``. Kept as ``server_timings``.
+* ``pdscope_sent_ns`` / ``pdscope_due_ns``: the reference server's send and scheduled times.
+
+Fixed output length (``Target.fixed_output``): the fields each server accepts, checked in its
+source or docs —
+
+* vLLM: ``ignore_eos`` and ``min_tokens`` (sampling parameters vLLM's OpenAI server takes as extra
+  body fields; ``ignore_eos`` added in vllm-project/vllm PR #1097);
+* llama.cpp server: ``ignore_eos`` ("Ignore end of stream token and continue generating",
+  ``tools/server/README.md``, options of ``/completion``, which ``/v1/*`` also accept);
+* llama-cpp-python (``python -m llama_cpp.server``): ``min_tokens`` (abetlen/llama-cpp-python
+  ``llama_cpp/server/types.py``, ``CreateCompletionRequest`` / ``CreateChatCompletionRequest``);
+  it has no ``ignore_eos`` and its pydantic models ignore unknown fields;
+* SGLang and unknown servers: both fields (as vLLM); TGI and a generic OpenAI server: none (a
+  strict server rejects unknown fields). ``Target.extra_body`` overrides any of this.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pdscope.client.faults import server_message
+from pdscope.client.record import RecordBuilder
+from pdscope.client.sse import DONE, SSEDecoder
+from pdscope.client.target import Target
+
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+
+# Servers that accept stream_options.continuous_usage_stats (per-chunk usage).
+_PER_CHUNK_USAGE = frozenset({"vllm", "pdscope-reference"})
+
+
+def fixed_output_fields(server_kind: str | None, max_tokens: int) -> dict[str, Any]:
+    """The request fields that make ``server_kind`` generate exactly ``max_tokens`` tokens."""
+    if server_kind in ("llama.cpp",):
+        return {"ignore_eos": True}
+    if server_kind == "llama-cpp-python":
+        return {"min_tokens": max_tokens}
+    if server_kind in ("tgi", "openai", "ollama"):
+        return {}
+    return {"ignore_eos": True, "min_tokens": max_tokens}
+
+
+def build_body(
+    target: Target,
+    max_tokens: int | None,
+    prompt: str | None = None,
+    messages: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The JSON body of one streamed request to ``target`` (``openai`` or ``openai-chat``)."""
+    body: dict[str, Any] = {"model": target.model}
+    if target.api == "openai-chat":
+        if messages is None:
+            messages = [{"role": "user", "content": prompt or ""}]
+        body["messages"] = [dict(m) for m in messages]
+    else:
+        body["prompt"] = prompt or ""
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+        if target.fixed_output:
+            body.update(fixed_output_fields(target.server_kind, max_tokens))
+    body["stream"] = True
+    options: dict[str, Any] = {"include_usage": True}
+    if target.server_kind in _PER_CHUNK_USAGE:
+        options["continuous_usage_stats"] = True
+    body["stream_options"] = options
+    if target.extra_body:
+        body.update(target.extra_body)
+    return body
+
+
+def path(target: Target) -> str:
+    return CHAT_PATH if target.api == "openai-chat" else COMPLETIONS_PATH
+
+
+def _chat_text(delta: Mapping[str, Any]) -> str:
+    parts = [
+        delta.get("reasoning_content"),
+        delta.get("reasoning"),
+        delta.get("content"),
+    ]
+    text = "".join(p for p in parts if isinstance(p, str))
+    for call in delta.get("tool_calls") or ():
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            text += str(fn.get("name") or "") + str(fn.get("arguments") or "")
+    return text
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+class OpenAIStreamParser:
+    """Reads an OpenAI-style SSE stream into a :class:`RecordBuilder`."""
+
+    def __init__(self, builder: RecordBuilder, chat: bool) -> None:
+        self.builder = builder
+        self.chat = chat
+        self.decoder = SSEDecoder()
+        self._usage_seen_before = False  # usage on an earlier chunk: the server sends it per chunk
+        self._prev_completion_tokens = 0
+        self._closing = False  # events now come from what was left when the stream ended
+
+    def feed(self, data: bytes, t_ns: int) -> None:
+        for event in self.decoder.feed(data):
+            self.event(event, t_ns)
+            if self.builder.done or self.builder.error is not None:
+                return
+
+    def close(self, t_ns: int) -> None:
+        b = self.builder
+        self._closing = True
+        for event in self.decoder.close():
+            if b.done or b.error is not None:
+                break
+            self.event(event, t_ns)
+        if b.done or b.error is not None:
+            return
+        if b.finish_reason is not None:
+            # Ended cleanly after the last choice said why it stopped: complete, just no [DONE].
+            b.t_end_ns = t_ns
+            return
+        b.fail(
+            "stream_broken",
+            f"the stream ended without 'data: [DONE]' after {b.n_chunks} token chunks",
+        )
+
+    def event(self, data: str, t_ns: int) -> None:
+        """One SSE event's data, received at ``t_ns``."""
+        b = self.builder
+        if data == DONE:
+            b.done = True
+            b.t_end_ns = t_ns
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            if self._closing:
+                b.fail("stream_broken", "the stream ended in the middle of a chunk after"
+                       f" {b.n_chunks} token chunks")
+            else:
+                b.fail("bad_chunk", f"a chunk is not JSON after {b.n_chunks} token chunks:"
+                       f" {data[:80]!r}")
+            return
+        if not isinstance(obj, dict):
+            b.fail("bad_chunk", f"a chunk is not a JSON object: {data[:80]!r}")
+            return
+        if obj.get("error") is not None and not obj.get("choices"):
+            b.fail("stream_broken", "the server sent an error mid-stream after"
+                   f" {b.n_chunks} token chunks: {server_message(data)}")
+            return
+
+        usage = obj.get("usage")
+        completion_tokens: int | None = None
+        if isinstance(usage, dict):
+            prompt_tokens = _int(usage.get("prompt_tokens"))
+            completion_tokens = _int(usage.get("completion_tokens"))
+            if prompt_tokens is not None:
+                b.usage_prompt_tokens = prompt_tokens
+            if completion_tokens is not None:
+                b.usage_completion_tokens = completion_tokens
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and _int(details.get("cached_tokens")) is not None:
+                b.cached_tokens = _int(details.get("cached_tokens"))
+        timings = obj.get("timings")
+        if isinstance(timings, dict):
+            b.server_timings = {k: float(v) for k, v in timings.items() if _int(v) is not None}
+
+        text = ""
+        choices = obj.get("choices")
+        if isinstance(choices, list) and choices:
+            choice = choices[0]
+            if isinstance(choice, dict):
+                if self.chat:
+                    delta = choice.get("delta")
+                    if isinstance(delta, dict):
+                        text = _chat_text(delta)
+                else:
+                    raw = choice.get("text")
+                    text = raw if isinstance(raw, str) else ""
+                if choice.get("finish_reason") is not None:
+                    b.finish_reason = str(choice["finish_reason"])
+
+        if text:
+            k = 1
+            if completion_tokens is not None and (self._usage_seen_before or b.n_chunks == 0):
+                k = max(1, completion_tokens - self._prev_completion_tokens)
+            b.add_tokens(t_ns, text, k, _int(obj.get("pdscope_sent_ns")),
+                         _int(obj.get("pdscope_due_ns")))
+        if completion_tokens is not None:
+            self._prev_completion_tokens = completion_tokens
+            self._usage_seen_before = True

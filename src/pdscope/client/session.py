@@ -1,0 +1,391 @@
+"""The HTTP side of a measurement: one session a run, where each time is taken, and timeouts.
+
+**Where ``t_send`` is taken.** aiohttp's ``on_request_headers_sent`` trace signal is awaited at
+the start of ``StreamWriter.write_headers``: after the connector handed over a connection (a
+pooled one, or a new one whose set-up has finished) and before the request line, headers and
+body are serialised and written to the socket. :func:`new_session` installs a trace config that
+reads ``time.perf_counter_ns()`` right there. Pool waiting (``on_connection_queued_*``, kept as
+``pool_wait_s``) and opening a connection (``on_connection_create_*``, kept as ``connect_s``,
+DNS included) both end before it, so neither is part of TTFT — the article's "subtract
+``time_pretransfer``". (On Python < 3.12 aiohttp writes the body from a task it creates, so the
+bytes leave on the next turn of the event loop: microseconds on an idle client.)
+
+A session made elsewhere, without that trace config, still works: ``t_send`` is then taken just
+before the request is handed to aiohttp, so it includes any pool wait and connection set-up,
+and ``connect_s`` is unknown.
+
+**Timeouts.** ``connect`` is aiohttp's ``sock_connect`` (opening the TCP connection; waiting for
+a free pooled connection is not counted, it is load the client created). ``first_token`` runs
+from ``t_send`` to the first token-bearing chunk, ``between_tokens`` from one token-bearing chunk
+to the next (a server that only sends keep-alive comments does time out), ``total`` from the call
+to the end of the stream. One timer a request checks them lazily, waking at most once per
+shortest timeout: a chunk only stores its time, so the cost a token is nothing but that store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Protocol
+
+import aiohttp
+from yarl import URL
+
+from pdscope.client.faults import classify_status, redact, server_message
+from pdscope.client.record import NS, ErrorKind, RecordBuilder
+
+now_ns = time.perf_counter_ns
+
+# A finished stream's connection goes back to the pool only once its body is read to the end;
+# the end (the chunked terminator) follows the done marker at once on any sane server.
+_DRAIN_AFTER_DONE_S = 0.5
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Per-request limits in seconds. The defaults let a slow CPU server finish a long prompt
+    (first token within 5 minutes) and still catch a stalled stream within a minute."""
+
+    connect: float = 10.0
+    first_token: float = 300.0
+    between_tokens: float = 60.0
+    total: float = 900.0
+
+
+class _PdscopeTrace(aiohttp.TraceConfig):
+    """The trace config that times each request into its :class:`RecordBuilder`."""
+
+
+def _builder(ctx: SimpleNamespace) -> RecordBuilder | None:
+    found = getattr(ctx, "trace_request_ctx", None)
+    return found if isinstance(found, RecordBuilder) else None
+
+
+async def _queued_start(_: aiohttp.ClientSession, ctx: SimpleNamespace, __: Any) -> None:
+    if (b := _builder(ctx)) is not None:
+        b.queued_start_ns = now_ns()
+
+
+async def _queued_end(_: aiohttp.ClientSession, ctx: SimpleNamespace, __: Any) -> None:
+    if (b := _builder(ctx)) is not None and b.queued_start_ns is not None:
+        b.pool_wait_s = (now_ns() - b.queued_start_ns) / NS
+
+
+async def _create_start(_: aiohttp.ClientSession, ctx: SimpleNamespace, __: Any) -> None:
+    if (b := _builder(ctx)) is not None:
+        b.connect_start_ns = now_ns()
+
+
+async def _create_end(_: aiohttp.ClientSession, ctx: SimpleNamespace, __: Any) -> None:
+    if (b := _builder(ctx)) is not None and b.connect_start_ns is not None:
+        b.connect_s = (now_ns() - b.connect_start_ns) / NS
+
+
+async def _headers_sent(_: aiohttp.ClientSession, ctx: SimpleNamespace, __: Any) -> None:
+    # The headers (with the Authorization header) are in the params: never look at them.
+    if (b := _builder(ctx)) is not None:
+        b.t_send_ns = now_ns()
+
+
+def trace_config() -> aiohttp.TraceConfig:
+    """The trace config :func:`new_session` installs; add it to a session of your own to get
+    the same timing."""
+    tc = _PdscopeTrace()
+    tc.on_connection_queued_start.append(_queued_start)
+    tc.on_connection_queued_end.append(_queued_end)
+    tc.on_connection_create_start.append(_create_start)
+    tc.on_connection_create_end.append(_create_end)
+    tc.on_request_headers_sent.append(_headers_sent)
+    return tc
+
+
+def new_session(limit: int = 256, limit_per_host: int = 0) -> aiohttp.ClientSession:
+    """One session for a whole run: its pool holds at most ``limit`` connections (0: no limit),
+    so a load test's concurrency must fit. Call it inside a running event loop and close it
+    (``async with new_session() as session:``)."""
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit_per_host)
+    return aiohttp.ClientSession(
+        connector=connector,
+        trace_configs=[trace_config()],
+        timeout=aiohttp.ClientTimeout(total=None),
+    )
+
+
+def is_traced(session: aiohttp.ClientSession) -> bool:
+    configs = getattr(session, "trace_configs", None) or getattr(session, "_trace_configs", None)
+    return any(isinstance(tc, _PdscopeTrace) for tc in configs or ())
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class StreamParser(Protocol):
+    """A stream format: fed each read's bytes with its receive time, it fills the builder
+    (tokens, usage, ``done``, or a failure)."""
+
+    def feed(self, data: bytes, t_ns: int) -> None: ...
+
+    def close(self, t_ns: int) -> None: ...
+
+
+class _Watchdog:
+    """One timer a request. It wakes at the earliest deadline, re-reads the builder (a chunk may
+    have come since) and either sleeps again or cancels the request's task."""
+
+    def __init__(self, builder: RecordBuilder, timeouts: Timeouts, t0_ns: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None, "a request runs inside a task"
+        self.task = task
+        self.builder = builder
+        self.timeouts = timeouts
+        self.total_deadline = t0_ns + int(timeouts.total * NS)
+        self.fired: ErrorKind | None = None
+        self.message = ""
+        self.active = True
+        self._handle: asyncio.TimerHandle | None = None
+
+    def _deadline(self) -> tuple[int, ErrorKind, str]:
+        t, b = self.timeouts, self.builder
+        best: tuple[int, ErrorKind, str] = (
+            self.total_deadline,
+            "timeout_total",
+            f"the stream did not end within the total timeout of {t.total:g} s",
+        )
+        if b.t_send_ns is not None:
+            if b.token_times_ns:
+                cand: tuple[int, ErrorKind, str] = (
+                    b.token_times_ns[-1] + int(t.between_tokens * NS),
+                    "timeout_between_tokens",
+                    f"no token for {t.between_tokens:g} s after token {b.n_chunks}",
+                )
+            else:
+                cand = (
+                    b.t_send_ns + int(t.first_token * NS),
+                    "timeout_first_token",
+                    f"no first token within {t.first_token:g} s",
+                )
+            if cand[0] < best[0]:
+                best = cand
+        return best
+
+    def arm(self) -> None:
+        # A deadline can move earlier than the one now in force (t_send becomes known; the first
+        # token starts the shorter between-tokens clock), but never earlier than ``now +`` the
+        # shortest timeout still ahead: waking at the sooner of the two misses nothing.
+        deadline = self._deadline()[0]
+        t = self.timeouts
+        ahead = t.between_tokens if self.builder.token_times_ns else min(t.first_token,
+                                                                          t.between_tokens)
+        now = now_ns()
+        wake = min(deadline, now + int(ahead * NS))
+        self._handle = self.loop.call_later(max(0.0, (wake - now) / NS), self._check)
+
+    def _check(self) -> None:
+        if not self.active:
+            return
+        deadline, kind, message = self._deadline()
+        if now_ns() >= deadline - 1_000_000:  # the loop's timers wake up to 1 ms early
+            self.fired, self.message, self.active = kind, message, False
+            self.task.cancel()
+        else:
+            self.arm()
+
+    def disarm(self) -> None:
+        self.active = False
+        if self._handle is not None:
+            self._handle.cancel()
+
+
+def connect_reason(exc: aiohttp.ClientConnectorError) -> str:
+    """Why a connection failed, in the system's words ("Connection refused")."""
+    err = exc.os_error
+    if err is not None and err.errno:
+        return os.strerror(err.errno)
+    return str(err or exc)
+
+
+def _origin(url: str) -> str:
+    u = URL(url)
+    return f"{u.scheme}://{u.host}:{u.port}"
+
+
+async def stream_post(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: bytes,
+    *,
+    builder: RecordBuilder,
+    parser: StreamParser,
+    timeouts: Timeouts,
+    api_key: str | None = None,
+    accept: str = "text/event-stream",
+    max_chunks: int | None = None,
+) -> None:
+    """POST ``payload`` (JSON bytes) and read the streamed answer into ``builder``.
+
+    Never raises for what the server or the network did: every fault becomes
+    ``builder.fail(kind, message)``. A cancelled task records ``cancelled`` and returns, so a
+    load test that cancels its stragglers still gets their records. ``max_chunks``: more
+    token-bearing chunks than this and the client hangs up (``overrun``).
+    """
+    headers = {"Content-Type": "application/json", "Accept": accept, **auth_headers(api_key)}
+    t0 = now_ns()
+    if builder.t_start_ns is None:
+        builder.t_start_ns = t0
+    watchdog = _Watchdog(builder, timeouts, t0)
+    watchdog.arm()
+    traced = is_traced(session)
+    try:
+        if not traced:
+            builder.t_send_ns = now_ns()
+        async with session.post(
+            url,
+            data=payload,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
+            trace_request_ctx=builder,
+        ) as resp:
+            builder.headers_received = True
+            builder.http_status = resp.status
+            if resp.status >= 400:
+                text = await _read_body(resp)
+                builder.fail(
+                    classify_status(resp.status, text),
+                    f"{url}: HTTP {resp.status}: {server_message(text) or resp.reason}",
+                )
+                return
+            if accept == "text/event-stream" and resp.content_type == "application/json":
+                text = await _read_body(resp)
+                builder.fail("stream_broken", f"{url}: the server answered with one JSON body,"
+                             f" not a stream: {server_message(text, limit=120)}")
+                return
+            await _read_stream(resp, builder, parser, max_chunks)
+            if builder.error is not None:
+                resp.close()  # a half-read stream must not go back to the pool
+            elif not resp.content.at_eof():
+                try:
+                    await asyncio.wait_for(resp.content.read(), _DRAIN_AFTER_DONE_S)
+                except (asyncio.TimeoutError, aiohttp.ClientError):
+                    resp.close()
+    except asyncio.CancelledError:
+        if watchdog.fired is None:
+            builder.fail("cancelled", f"{url}: request cancelled after {builder.n_chunks} chunks")
+        else:
+            if not builder.done:  # a complete stream timed out only while its tail was read
+                builder.fail(watchdog.fired, f"{url}: {watchdog.message}")
+            uncancel = getattr(watchdog.task, "uncancel", None)  # Python >= 3.11
+            if uncancel is not None:
+                uncancel()
+    except aiohttp.ClientConnectorError as exc:
+        builder.fail("connect", f"cannot connect to {_origin(url)}: {connect_reason(exc)}")
+    except aiohttp.ServerTimeoutError:
+        builder.fail("timeout_connect", f"cannot connect to {_origin(url)} within"
+                     f" {timeouts.connect:g} s")
+    except UnicodeDecodeError as exc:
+        builder.fail("bad_chunk", f"{url}: a chunk is not UTF-8 text ({exc.reason})")
+    except (aiohttp.ClientError, OSError) as exc:
+        what = type(exc).__name__ + (f": {exc}" if str(exc) else "")
+        if not builder.headers_received:
+            builder.fail("connect", f"{_origin(url)} closed the connection before answering"
+                         f" ({what})")
+        else:
+            builder.fail("stream_broken", f"{url}: the stream broke off after"
+                         f" {builder.n_chunks} token chunks ({what})")
+    finally:
+        watchdog.disarm()
+        if builder.t_end_ns is None:
+            builder.t_end_ns = now_ns()
+        if builder.error is not None:
+            if not builder.error.startswith(("http://", "https://", "cannot connect")):
+                builder.error = f"{url}: {builder.error}"  # the parsers do not know the URL
+            builder.error = redact(builder.error, api_key)
+
+
+async def _read_body(resp: aiohttp.ClientResponse) -> str:
+    """The start of a (non-streamed) body, up to a limit."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < _ERROR_BODY_LIMIT:
+        data = await resp.content.read(_ERROR_BODY_LIMIT - size)
+        if not data:
+            break
+        chunks.append(data)
+        size += len(data)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+async def _read_stream(
+    resp: aiohttp.ClientResponse,
+    builder: RecordBuilder,
+    parser: StreamParser,
+    max_chunks: int | None,
+) -> None:
+    content = resp.content
+    while True:
+        data = await content.readany()
+        t = now_ns()
+        if not data:
+            parser.close(t)
+            return
+        parser.feed(data, t)
+        if builder.done or builder.error is not None:
+            return
+        if max_chunks is not None and builder.n_chunks > max_chunks:
+            builder.fail(
+                "overrun",
+                f"{resp.url}: the server kept streaming past the {max_chunks} chunks allowed"
+                " for this request; the client hung up",
+            )
+            return
+
+
+async def get_json(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    api_key: str | None = None,
+    timeout: float = 5.0,
+    method: str = "GET",
+    payload: Mapping[str, Any] | None = None,
+) -> Any:
+    """The JSON a small request answers, or ``None`` for any failure or non-JSON answer
+    (detection asks many questions a server may not know). Connection failures propagate."""
+    try:
+        async with session.request(
+            method,
+            url,
+            json=payload,
+            headers=auth_headers(api_key),
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            if resp.status >= 400:
+                return None
+            return await resp.json(content_type=None)
+    except aiohttp.ClientConnectorError:
+        raise
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+async def get_text(
+    session: aiohttp.ClientSession, url: str, *, api_key: str | None = None, timeout: float = 5.0
+) -> str | None:
+    """The text a GET answers, or ``None`` for any failure. Connection failures propagate."""
+    try:
+        async with session.get(
+            url, headers=auth_headers(api_key), timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as resp:
+            if resp.status >= 400:
+                return None
+            return await resp.text(errors="replace")
+    except aiohttp.ClientConnectorError:
+        raise
+    except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError):
+        return None

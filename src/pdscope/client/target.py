@@ -1,0 +1,48 @@
+"""Where a request goes and how: the server, its API, the model, and the key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdscope.client.record import APIS, Api
+from pdscope.errors import InputError
+
+
+def root_url(base_url: str) -> str:
+    """The server's root: ``http://h:8000/v1/`` and ``http://h:8000`` both give ``http://h:8000``."""
+    url = base_url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    if not url.startswith(("http://", "https://")):
+        raise InputError(f"not an http(s) URL: {base_url!r} (give e.g. http://127.0.0.1:8000)")
+    return url
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server endpoint to measure.
+
+    ``server_kind`` (from :func:`pdscope.client.detect_server`, or ``None``) chooses the extra
+    request fields a server accepts: with ``fixed_output`` the client asks for exactly
+    ``max_tokens`` tokens where the server has a way to (``ignore_eos`` / ``min_tokens``), so
+    decode is measured over a known length. ``extra_body`` is merged into every request body
+    last, to add or override fields.
+
+    ``api_key`` is sent as ``Authorization: Bearer``; it is left out of ``repr`` and never
+    written into a record or an error message.
+    """
+
+    base_url: str
+    api: Api = "openai"
+    model: str = ""
+    api_key: str | None = field(default=None, repr=False)
+    extra_body: Mapping[str, Any] | None = None
+    fixed_output: bool = False
+    server_kind: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.api not in APIS:
+            raise InputError(f"unknown API {self.api!r}: use one of {', '.join(APIS)}")
+        object.__setattr__(self, "base_url", root_url(self.base_url))

@@ -1,0 +1,531 @@
+"""The reference streaming server: a server whose timing is known, to measure the measurer.
+
+It speaks the OpenAI streaming APIs (``/v1/completions``, ``/v1/chat/completions``) and sends
+tokens on an exact schedule: the first token ``ttft_base_s + ttft_per_token_s x prompt tokens``
+after the request arrived, then one every ``itl_s`` (optionally jittered), ``max_tokens`` in all,
+with usage in a last chunk when asked (``stream_options.include_usage``) and in every chunk when
+asked (``continuous_usage_stats``, as vLLM does). A client that measures anything else is wrong
+by the difference.
+
+Into every chunk it writes ``pdscope_sent_ns`` — ``time.perf_counter_ns()`` just before the
+write — and ``pdscope_due_ns``, when the schedule wanted it. On one host both processes read the
+same monotonic clock, so a client knows per token how late it saw what was sent (its own
+overhead) apart from how late the server sent it (scheduling jitter).
+
+Scheduling: chunk c is due at ``t_first + c x tokens_per_chunk x itl_s``, computed from the first
+token's time and never from the previous write, so lateness does not accumulate. The server
+sleeps with asyncio until ``spin_s`` before the due time (the event loop's timers are only good to
+about a millisecond) and then yields in a loop until the time has come.
+
+The tokenizer is whitespace: a prompt's token count is its number of words (a chat's, the words
+of all message contents; no template tokens). ``POST /tokenize`` answers like vLLM's. Generated
+tokens are single words, so re-tokenizing the output gives ``max_tokens`` back.
+
+Faults, chosen per request by a ``"pdscope_fault"`` field in the body, or at random at
+``fault_rate`` among ``faults``:
+
+* ``refuse``: close the connection before any response;
+* ``http_429``, ``http_500``: answer that status with an OpenAI-style error body;
+* ``reset_mid_stream``: after ``fault_after_tokens`` tokens, reset the connection (RST);
+* ``stall``: after ``fault_after_tokens`` tokens, send nothing more until the client hangs up
+  (or ``stall_s`` passes);
+* ``malformed_chunk``: after ``fault_after_tokens`` tokens, send ``data: {not json``;
+* ``never_ending``: ignore ``max_tokens`` and stream until the client hangs up.
+
+It listens on 127.0.0.1 only. Run it in its own process (:func:`run_in_subprocess`, or
+``python -m pdscope.selftest.server --port P``) so the client's event loop does not disturb its
+schedule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from aiohttp import web
+
+from pdscope import __version__
+from pdscope.errors import RunError
+
+SERVER_NAME = "pdscope-reference"
+HOST = "127.0.0.1"
+FAULTS = (
+    "refuse",
+    "http_429",
+    "http_500",
+    "reset_mid_stream",
+    "stall",
+    "malformed_chunk",
+    "never_ending",
+)
+API_KEY_ENV = "PDSCOPE_REFERENCE_API_KEY"
+READY_PREFIX = "PDSCOPE_REFERENCE_LISTENING "
+_WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
+
+now_ns = time.perf_counter_ns
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """The schedule and faults of a reference server. Times in seconds; ``port`` 0 picks a
+    free port. ``api_key``: when set, requests must carry it as a bearer token."""
+
+    port: int = 0
+    model: str = "pdscope-reference"
+    ttft_base_s: float = 0.05
+    ttft_per_token_s: float = 0.0001
+    itl_s: float = 0.01
+    itl_jitter_s: float = 0.0
+    tokens_per_chunk: int = 1
+    fault_rate: float = 0.0
+    faults: tuple[str, ...] = FAULTS
+    fault_after_tokens: int = 3
+    stall_s: float = 3600.0
+    seed: int = 0
+    spin_s: float = 0.002
+    max_model_len: int = 32768
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.faults if f not in FAULTS]
+        if unknown:
+            raise ValueError(f"unknown faults {unknown}: use {', '.join(FAULTS)}")
+        if self.tokens_per_chunk < 1:
+            raise ValueError("tokens_per_chunk must be at least 1")
+
+    def ttft_s(self, prompt_tokens: int) -> float:
+        """The scheduled time to first token for a prompt of this many tokens."""
+        return self.ttft_base_s + self.ttft_per_token_s * prompt_tokens
+
+    def to_argv(self) -> list[str]:
+        """Command-line flags that rebuild this config in ``python -m pdscope.selftest.server``
+        (the API key travels in the environment, not on the command line)."""
+        argv: list[str] = []
+        for f in fields(self):
+            if f.name == "api_key":
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                value = ",".join(value)
+            argv += [f"--{f.name.replace('_', '-')}", str(value)]
+        return argv
+
+
+def parse_args(argv: Sequence[str] | None) -> ReferenceConfig:
+    """The config of ``python -m pdscope.selftest.server`` flags (see :meth:`to_argv`)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pdscope.selftest.server",
+        description="pdscope's reference streaming server (OpenAI API, exact schedule, faults)."
+        f" Listens on {HOST}. The API key, if any, is read from ${API_KEY_ENV}.",
+    )
+    defaults = ReferenceConfig()
+    for f in fields(ReferenceConfig):
+        if f.name == "api_key":
+            continue
+        default = getattr(defaults, f.name)
+        kind = type(default)
+        if isinstance(default, tuple):
+            parser.add_argument(f"--{f.name.replace('_', '-')}", default=",".join(default))
+        else:
+            parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=default)
+    ns = parser.parse_args(argv)
+    kw: dict[str, Any] = {}
+    for f in fields(ReferenceConfig):
+        if f.name == "api_key":
+            continue
+        value = getattr(ns, f.name)
+        if isinstance(getattr(defaults, f.name), tuple):
+            value = tuple(v for v in str(value).split(",") if v)
+        kw[f.name] = value
+    return ReferenceConfig(**kw, api_key=os.environ.get(API_KEY_ENV) or None)
+
+
+def count_words(text: str) -> int:
+    return len(text.split())
+
+
+def _message_text(messages: Any) -> str:
+    if not isinstance(messages, list):
+        return ""
+    parts: list[str] = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts += [p["text"] for p in content if isinstance(p, dict) and "text" in p]
+    return " ".join(parts)
+
+
+def token_ids(text: str) -> list[int]:
+    """Deterministic ids for the whitespace tokenizer."""
+    return [zlib.crc32(w.encode()) % 100_000 for w in text.split()]
+
+
+async def sleep_until(due_ns: int, spin_ns: int) -> None:
+    """Sleep with the event loop until ``spin_ns`` before ``due_ns``, then yield until it."""
+    while True:
+        remaining = due_ns - now_ns()
+        if remaining <= 0:
+            return
+        if remaining > spin_ns:
+            await asyncio.sleep((remaining - spin_ns) / 1e9)
+        else:
+            await asyncio.sleep(0)
+
+
+def _error_body(message: str, kind: str, code: int) -> str:
+    return json.dumps({"error": {"message": message, "type": kind, "code": code}})
+
+
+def _sse(obj: Mapping[str, Any], sent_field: bool = True) -> bytes:
+    """One SSE event; the send time is read last, just before the bytes go to the socket."""
+    text = json.dumps(obj, separators=(",", ":"))
+    if sent_field:
+        text = f'{text[:-1]},"pdscope_sent_ns":{now_ns()}}}'
+    return f"data: {text}\n\n".encode()
+
+
+class _ClientGone(Exception):
+    """The connection is gone (the client hung up, or a fault dropped it)."""
+
+
+class ReferenceServer:
+    """The server in this process. ``await start()`` returns its base URL; use it as an async
+    context manager to stop it on the way out."""
+
+    def __init__(self, config: ReferenceConfig | None = None) -> None:
+        self.config = config or ReferenceConfig()
+        self._rng = random.Random(self.config.seed)
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+        self.requests = 0
+
+    # -------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/version", self._version)
+        app.router.add_post("/tokenize", self._tokenize)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((HOST, self.config.port))
+        port = sock.getsockname()[1]
+        await web.SockSite(self._runner, sock).start()
+        self.base_url = f"http://{HOST}:{port}"
+        return self.base_url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> ReferenceServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
+    # -------------------------------------------------------------------- small endpoints
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response({
+            "object": "list",
+            "data": [{
+                "id": self.config.model,
+                "object": "model",
+                "owned_by": "pdscope",
+                "max_model_len": self.config.max_model_len,
+            }],
+        })
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _version(self, _: web.Request) -> web.Response:
+        return web.json_response({"version": __version__, "server": SERVER_NAME})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        text = body.get("prompt") if "prompt" in body else _message_text(body.get("messages"))
+        ids = token_ids(str(text or ""))
+        return web.json_response(
+            {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids}
+        )
+
+    # -------------------------------------------------------------------- generation
+
+    def _pick_fault(self, body: Mapping[str, Any]) -> str | None:
+        asked = body.get("pdscope_fault")
+        if asked is not None:
+            return str(asked)
+        if self.config.fault_rate > 0 and self._rng.random() < self.config.fault_rate:
+            return self._rng.choice(self.config.faults)
+        return None
+
+    def _authorized(self, request: web.Request) -> bool:
+        key = self.config.api_key
+        return key is None or request.headers.get("Authorization") == f"Bearer {key}"
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        t_arrival = now_ns()
+        self.requests += 1
+        if not self._authorized(request):
+            return web.Response(status=401, text=_error_body(
+                "Invalid API key", "AuthenticationError", 401), content_type="application/json")
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.Response(status=400, text=_error_body(
+                "the body is not JSON", "BadRequestError", 400), content_type="application/json")
+        if body.get("model") != self.config.model:
+            return web.Response(status=404, text=_error_body(
+                f"The model `{body.get('model')}` does not exist.", "NotFoundError", 404),
+                content_type="application/json")
+        fault = self._pick_fault(body)
+        if fault is not None and fault not in FAULTS:
+            return web.Response(status=400, text=_error_body(
+                f"unknown pdscope_fault {fault!r}", "BadRequestError", 400),
+                content_type="application/json")
+        if fault == "refuse":
+            _reset(request)
+            return web.Response(status=499)  # never sent: the connection is gone
+        if fault in ("http_429", "http_500"):
+            status = 429 if fault == "http_429" else 500
+            kind = "RateLimitError" if status == 429 else "InternalServerError"
+            return web.Response(status=status, text=_error_body(
+                f"reference server fault {fault}", kind, status), content_type="application/json")
+        try:
+            return await self._stream(request, body, t_arrival, fault)
+        except _ClientGone:
+            return web.Response(status=499)  # never sent: the connection is gone
+
+    async def _stream(
+        self, request: web.Request, body: Mapping[str, Any], t0: int, fault: str | None
+    ) -> web.StreamResponse:
+        cfg = self.config
+        chat = request.path.endswith("/chat/completions")
+        prompt_text = _message_text(body.get("messages")) if chat else str(body.get("prompt", ""))
+        n_prompt = count_words(prompt_text)
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        options = body.get("stream_options") or {}
+        usage_last = bool(options.get("include_usage"))
+        usage_each = bool(options.get("continuous_usage_stats"))
+        streaming = bool(body.get("stream"))
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        obj_name = "chat.completion.chunk" if chat else "text_completion"
+
+        def usage(n_out: int) -> dict[str, Any]:
+            return {"prompt_tokens": n_prompt, "completion_tokens": n_out,
+                    "total_tokens": n_prompt + n_out, "prompt_tokens_details": None}
+
+        def chunk(text: str | None, finish: str | None, n_out: int, due: int,
+                  role: bool = False) -> dict[str, Any]:
+            if chat:
+                delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {
+                    "content": text}
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+                                          "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                          "stop_reason": None}
+            out: dict[str, Any] = {"id": rid, "object": obj_name, "created": created,
+                                   "model": cfg.model, "choices": [choice],
+                                   "usage": usage(n_out) if usage_each else None,
+                                   "pdscope_due_ns": due}
+            return out
+
+        t_first = t0 + int(cfg.ttft_s(n_prompt) * 1e9)
+        step = int(cfg.itl_s * cfg.tokens_per_chunk * 1e9)
+        jitter = int(cfg.itl_jitter_s * 1e9)
+        spin = int(cfg.spin_s * 1e9)
+        endless = fault == "never_ending"
+        n_chunks = -(-max_tokens // cfg.tokens_per_chunk)
+
+        if not streaming:
+            await sleep_until(t_first + (n_chunks - 1) * step, spin)
+            text = "".join(f" {_WORDS[i % len(_WORDS)]}" for i in range(max_tokens))
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text},
+                       "finish_reason": "length"} if chat else
+                      {"index": 0, "text": text, "finish_reason": "length"})
+            return web.json_response({"id": rid, "object": "chat.completion" if chat else
+                                      "text_completion", "created": created, "model": cfg.model,
+                                      "choices": [choice], "usage": usage(max_tokens)})
+
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        if chat:
+            await _write(resp, _sse(chunk(None, None, 0, t0, role=True)))
+        sent_tokens, c, prev_due = 0, 0, t_first
+        while endless or c < n_chunks:
+            due = t_first + c * step
+            if jitter:
+                due = max(prev_due, due + self._rng.randint(-jitter, jitter))
+            prev_due = due
+            await sleep_until(due, spin)
+            if fault is not None and c == cfg.fault_after_tokens:
+                await self._mid_stream_fault(request, resp, fault)
+            k = cfg.tokens_per_chunk if endless else min(cfg.tokens_per_chunk,
+                                                         max_tokens - sent_tokens)
+            text = "".join(f" {_WORDS[(sent_tokens + j) % len(_WORDS)]}" for j in range(k))
+            sent_tokens += k
+            last = not endless and c == n_chunks - 1
+            await _write(resp, _sse(chunk(text, "length" if last else None, sent_tokens, due)))
+            c += 1
+        if usage_last:
+            final = {"id": rid, "object": obj_name, "created": created, "model": cfg.model,
+                     "choices": [], "usage": usage(sent_tokens)}
+            await _write(resp, _sse(final, sent_field=False))
+        await _write(resp, b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _mid_stream_fault(
+        self, request: web.Request, resp: web.StreamResponse, fault: str
+    ) -> None:
+        if fault == "reset_mid_stream":
+            _reset(request)
+            raise _ClientGone
+        if fault == "malformed_chunk":
+            await _write(resp, b"data: {not json\n\n")
+        elif fault == "stall":
+            deadline = now_ns() + int(self.config.stall_s * 1e9)
+            transport = request.transport
+            while now_ns() < deadline and transport is not None and not transport.is_closing():
+                await asyncio.sleep(0.05)
+            if transport is None or transport.is_closing():
+                raise _ClientGone
+
+
+def _reset(request: web.Request) -> None:
+    """Drop the connection with a TCP reset (SO_LINGER 0), as a crashed server would."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+async def _write(resp: web.StreamResponse, data: bytes) -> None:
+    try:
+        await resp.write(data)
+    except (ConnectionError, RuntimeError) as exc:
+        raise _ClientGone from exc
+
+
+# ------------------------------------------------------------------------ in its own process
+
+
+async def _serve(config: ReferenceConfig) -> None:
+    server = ReferenceServer(config)
+    url = await server.start()
+    print(READY_PREFIX + url, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m pdscope.selftest.server``: serve until SIGTERM or Ctrl-C."""
+    config = parse_args(argv)
+    logging.getLogger("aiohttp").setLevel(logging.CRITICAL)
+    asyncio.run(_serve(config))
+
+
+@contextlib.contextmanager
+def run_in_subprocess(
+    config: ReferenceConfig | None = None, start_timeout: float = 20.0
+) -> Iterator[str]:
+    """Run a reference server in its own Python process; yields its base URL.
+
+    Its own process keeps its schedule free of the client's event loop (on one host both still
+    share the same monotonic clock). The process is stopped on the way out.
+    """
+    config = config or ReferenceConfig()
+    env = dict(os.environ)
+    env.pop(API_KEY_ENV, None)
+    if config.api_key:
+        env[API_KEY_ENV] = config.api_key
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdscope.selftest.server", *config.to_argv()],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = _await_ready(proc, start_timeout)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _await_ready(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                break
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith(READY_PREFIX):
+                return line[len(READY_PREFIX):].strip()
+    raise RunError(
+        f"the reference server did not start within {timeout:g} s"
+        f" (exit status {proc.poll()})"
+    )
+
+
+@contextlib.asynccontextmanager
+async def serving(config: ReferenceConfig | None = None) -> AsyncIterator[str]:
+    """A reference server in this process and event loop; yields its base URL. Simple, but
+    its schedule shares the loop with the client: prefer :func:`run_in_subprocess` to time."""
+    async with ReferenceServer(config) as server:
+        yield server.base_url
+
+
+if __name__ == "__main__":
+    main()
