@@ -13,7 +13,7 @@ demo: $(LAB)
 	$(BIN)/pdscope demo
 
 test: $(LAB) lint
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests/unit tests/lab
 
 test-unit: $(CORE)
 	$(BIN)/python -m pytest tests -m "not lab"

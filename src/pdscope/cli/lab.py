@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -53,8 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     u.set_defaults(handler=run_status)
 
 
-def run_start(args: argparse.Namespace) -> int:
-    engine = lab.get_engine(args.engine)
+def start_with_progress(
+    engine_name: str, port: int | None, engine_args: Sequence[str], timeout: float
+) -> tuple[lab.LabServer, bool, float]:
+    """Start (or reuse) a lab server with a spinner on stderr showing its latest log line."""
+    engine = lab.get_engine(engine_name)
     with Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.description}"),
@@ -73,18 +77,28 @@ def run_start(args: argparse.Namespace) -> int:
 
         t0 = time.monotonic()
         server, reused = lab.start(
-            engine.name, args.port, args.engine_args, timeout=args.timeout, progress=progress
+            engine.name, port, engine_args, timeout=timeout, progress=progress
         )
-    took = time.monotonic() - t0
-    if args.json:
-        print_json({**server.to_json(), "reused": reused})
-        return 0
+    return server, reused, time.monotonic() - t0
+
+
+def print_started(server: lab.LabServer, reused: bool, took: float) -> None:
     how = "already running" if reused else f"started in {took:.0f} s"
-    console.print(f"{engine.name} lab server {how}: {server.url}  model: {server.model}")
+    console.print(f"{server.engine} lab server {how}: {server.url}  model: {server.model}")
     console.print(f"  pid {server.pid}, log {server.log_path}")
     if server.extra_args:
         console.print(f"  engine flags: {' '.join(server.extra_args)}")
-    console.print(f"  try: pdscope ceiling --model {lab.model_path_for(engine)} --device local")
+
+
+def run_start(args: argparse.Namespace) -> int:
+    server, reused, took = start_with_progress(
+        args.engine, args.port, args.engine_args, args.timeout
+    )
+    if args.json:
+        print_json({**server.to_json(), "reused": reused})
+        return 0
+    print_started(server, reused, took)
+    console.print(f"  try: pdscope probe {server.url}")
     return 0
 
 

@@ -51,7 +51,9 @@ ErrorKind = Literal[
 ]
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 
-TokenCountSource = Literal["usage", "server-timings", "ollama-counters", "chunks-estimate"]
+TokenCountSource = Literal[
+    "usage", "server-timings", "ollama-counters", "server-tokenizer", "chunks-estimate"
+]
 PrefillSource = Literal["ollama-counters", "llama.cpp-timings", "ttft"]
 
 NS = 1_000_000_000

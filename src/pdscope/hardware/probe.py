@@ -155,6 +155,43 @@ def probe_cpu_matmul_tflops(n: int = 1024, runs: int = 5) -> float:
     return 2.0 * n**3 / max(best, 1e-9) / 1e12
 
 
+def probe_cpu_matmul_bf16_tflops(n: int = 1024, runs: int = 5) -> float | None:
+    """Best bf16 matmul rate with torch, in TFLOPS, or ``None`` when torch is not installed.
+
+    CPU inference engines (vLLM for CPU, through oneDNN) multiply in bf16, which CPUs with
+    AVX-512 BF16 or AMX do several times faster than fp32: on such a CPU the fp32 figure is no
+    ceiling for their prefill. torch is only in the lab extra, so this is optional.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+
+    torch.set_num_threads(_usable_cpus())
+    x = torch.randn(n, n, dtype=torch.bfloat16)
+    y = torch.randn(n, n, dtype=torch.bfloat16)
+    torch.matmul(x, y)
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        torch.matmul(x, y)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / max(best, 1e-9) / 1e12
+
+
+def best_cpu_matmul_tflops() -> tuple[float, str]:
+    """The faster of the fp32 (numpy) and bf16 (torch, when installed) matmul probes, and which
+    it was: the figure a CPU prefill ceiling should use."""
+    return best_cpu_matmul_tflops_of(probe_cpu_matmul_tflops(), probe_cpu_matmul_bf16_tflops())
+
+
+def best_cpu_matmul_tflops_of(fp32: float, bf16: float | None) -> tuple[float, str]:
+    if bf16 is not None and bf16 > fp32:
+        return bf16, "a bf16 torch matmul"
+    return fp32, "an fp32 numpy matmul"
+
+
 def _run(argv: list[str]) -> str | None:
     """stdout of a short command, or None if it is missing, fails or hangs."""
     if shutil.which(argv[0]) is None:
@@ -198,15 +235,17 @@ def _memory_gb() -> float | None:
         return None
 
 
-def local_cpu_spec(probe: BandwidthProbe, matmul_tflops: float | None) -> DeviceSpec:
-    """A device spec for this CPU from measurements: bandwidth from ``probe``, FLOPS from the
-    fp32 matmul probe (stored as ``bf16_tflops``, the field the prefill ceiling reads)."""
+def local_cpu_spec(
+    probe: BandwidthProbe, matmul_tflops: float | None, matmul_how: str = "an fp32 numpy matmul"
+) -> DeviceSpec:
+    """A device spec for this CPU from measurements: bandwidth from ``probe``, FLOPS from a
+    matmul probe (stored as ``bf16_tflops``, the field the prefill ceiling reads)."""
     source = (
         "measured by pdscope devices --probe: numpy copy/triad, "
         f"best of {probe.runs} runs on {probe.threads} threads, {probe.array_mb:.0f} MB arrays"
     )
     if matmul_tflops is not None:
-        source += "; TFLOPS from an fp32 numpy matmul"
+        source += f"; TFLOPS from {matmul_how}"
     return DeviceSpec(
         id="local-cpu",
         name=f"{cpu_model_name()} (measured)",
@@ -245,4 +284,4 @@ def detect_local_device(probe_cpu: bool = True) -> DeviceSpec | None:
         return apple
     if not probe_cpu:
         return None
-    return local_cpu_spec(probe_cpu_bandwidth(), probe_cpu_matmul_tflops())
+    return local_cpu_spec(probe_cpu_bandwidth(), *best_cpu_matmul_tflops())
