@@ -81,7 +81,7 @@ def test_a_second_start_reuses_the_running_server(llamacpp_server: lab.LabServer
     again, reused = lab.start("llamacpp", llamacpp_server.port)
     assert reused and again.pid == llamacpp_server.pid
     r = pdscope("lab", "start", "--engine", "llamacpp", "--port", str(llamacpp_server.port),
-                "--json")  # fmt: skip
+                "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["reused"] is True
 
@@ -90,7 +90,7 @@ def test_a_second_start_with_other_flags_says_the_port_is_taken(
     llamacpp_server: lab.LabServer,
 ) -> None:
     r = pdscope("lab", "start", "--engine", "llamacpp", "--port", str(llamacpp_server.port),
-                "--", "--n_threads", "1")  # fmt: skip
+                "--", "--n_threads", "1")
     assert r.returncode == 2
     assert "already runs on port" in r.stderr and "lab stop" in r.stderr
 
@@ -110,7 +110,7 @@ def test_a_server_that_crashes_while_starting_shows_its_log_and_exits_1(
     lab_state: Path,
 ) -> None:
     r = pdscope("lab", "start", "--engine", "llamacpp", "--port", "0",
-                "--", "--n_ctx", "not-a-number")  # fmt: skip
+                "--", "--n_ctx", "not-a-number")
     assert r.returncode == 1
     assert "exited while starting" in r.stderr
     assert "n_ctx" in r.stderr  # the engine's own complaint, from the tail of its log

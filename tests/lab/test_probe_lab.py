@@ -18,7 +18,7 @@ def probe(url: str, *args: str) -> dict:
     r = subprocess.run(
         [sys.executable, "-m", "pdscope", "probe", url, "--json", *args],
         capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -56,7 +56,7 @@ def test_llamacpp_without_usage_counts_tokens_with_its_tokenizer(
     llamacpp_server: lab.LabServer,
 ) -> None:
     out = probe(llamacpp_server.url, "--prompt-tokens", "200", "--max-tokens", "32",
-                "--runs", "2")  # fmt: skip
+                "--runs", "2")
     assert out["server"] == "llama-cpp-python"
     assert out["token_count_source"] == "server-tokenizer"
     assert out["prompt_tokens"] == 200
@@ -74,7 +74,7 @@ def test_probe_terminal_output_says_where_counts_came_from(
         [sys.executable, "-m", "pdscope", "probe", llamacpp_server.url, "--runs", "1",
          "--prompt-tokens", "100", "--max-tokens", "16"],
         capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stderr
     assert "counted from: server-tokenizer" in r.stdout
     assert "of ceiling" in r.stdout

@@ -58,7 +58,7 @@ def test_ceiling_with_a_model_context_and_batch() -> None:
     r = pdscope(
         "ceiling", "--model", cfg, "--context", "8000", "--batch", "32", "--device", "l40s",
         "--what-if", "--json",
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stderr
     [row] = json.loads(r.stdout)
     assert row["kv_bytes_read_per_token"] == 131072 * 8000
@@ -74,7 +74,7 @@ def test_ceiling_with_a_model_context_and_batch() -> None:
 
 def test_kv_json_for_the_articles_8b_example() -> None:
     r = pdscope("kv", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
-                "--context", "8000", "--json")  # fmt: skip
+                "--context", "8000", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["kv_bytes_per_token"] == 131072
@@ -87,7 +87,7 @@ def test_kv_json_with_a_device_gives_the_pool_and_moe_parameter_counts() -> None
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     for key in ("kv_bytes_per_token", "kv_bytes_per_request", "max_concurrent_sequences",
-                "parameters", "active_parameters"):  # fmt: skip
+                "parameters", "active_parameters"):
         assert key in out
     assert out["active_parameters"] < out["parameters"] / 4
     assert out["max_concurrent_sequences"] == int(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -226,6 +227,7 @@ def test_a_vllm_window_worked_by_hand() -> None:
     assert w.itl_p50_s is None and w.itl_p99_s is None
     assert set(w.missing) == {"itl_p50_s", "itl_p99_s"}
     assert w.missing["itl_p50_s"].startswith("metric absent: vllm:inter_token_latency_seconds")
+    assert w.resolution["ttft_p50_s"] == (0.1, 0.5)
 
 
 def test_a_window_can_be_split_by_engine() -> None:
@@ -312,7 +314,17 @@ def test_json_has_exactly_the_window_fields() -> None:
         "mean_iteration_tokens",
         "reset",
         "missing",
+        "start_wall",
+        "end_wall",
+        "resolution",
     ]
+    # Each quantile with its bucket; the TTFT p99 fell in +Inf, whose upper bound is null.
+    assert out["resolution"] == {
+        "ttft_p50_s": [0.1, 0.5],
+        "ttft_p99_s": [1.0, None],
+        "e2e_p50_s": [1.0, 2.5],
+    }
+    json.dumps(out, allow_nan=False)
     assert out["missing"] == {
         "itl_p50_s": out["missing"]["itl_p50_s"],
         "itl_p99_s": out["missing"]["itl_p99_s"],

@@ -27,7 +27,7 @@ def reference() -> Iterator[str]:
 
 def pdscope(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pdscope", *args], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+                          text=True, timeout=120)
 
 
 def test_probe_reports_the_schedule_of_the_reference_server(reference: str) -> None:
@@ -59,12 +59,12 @@ def test_doubling_the_prompt_doubles_the_scheduled_prefill(reference: str) -> No
 
 def test_probe_json_has_the_documented_keys(reference: str) -> None:
     r = pdscope("probe", reference, "--prompt-tokens", "50", "--max-tokens", "8", "--runs", "2",
-                "--device", "h100-sxm", "--json")  # fmt: skip
+                "--device", "h100-sxm", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     for key in ("ttft_s", "prefill_tok_s", "decode_tok_s", "itl_p50_s", "itl_p99_s",
                 "prompt_tokens", "output_tokens", "decode_ceiling_tok_s",
-                "decode_fraction_of_ceiling", "server", "cold"):  # fmt: skip
+                "decode_fraction_of_ceiling", "server", "cold"):
         assert key in out, key
     assert out["server"] == "pdscope-reference" and out["prompt_tokens"] == 50
     # A device but no model geometry: still no ceiling, and the note says what is missing.

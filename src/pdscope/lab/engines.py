@@ -50,7 +50,7 @@ class Engine:
                 "--max-model-len", "4096",
                 "--dtype", "bfloat16",
                 *extra,
-            ]  # fmt: skip
+            ]
         return [
             sys.executable, "-m", self.module,
             "--model", str(bundled_gguf()),
@@ -59,7 +59,7 @@ class Engine:
             "--port", str(port),
             "--n_ctx", "4096",
             *extra,
-        ]  # fmt: skip
+        ]
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -2,9 +2,13 @@
 
 ``scrape`` and ``parse_metrics`` turn a ``/metrics`` text into a :class:`Snapshot`;
 ``detect_family`` picks the :class:`MetricMap` of the server that wrote it; ``make_window``
-reads what happened between two snapshots; ``signals`` says what that means.
+reads what happened between two snapshots; ``signals`` says what that means, and
+``window_record`` / ``dashboard_rows`` show it. :class:`MetricsRecorder` records scrapes beside
+a load run into a JSONL file that ``load_recording`` reads back; ``grafana_dashboard`` writes
+the same names as a Grafana dashboard.
 """
 
+from pdscope.metrics.dashboard import Row, dashboard_rows, window_record
 from pdscope.metrics.families import (
     FAMILIES,
     LLAMACPP,
@@ -17,7 +21,17 @@ from pdscope.metrics.families import (
     detect_family,
     family_by_name,
 )
-from pdscope.metrics.scrape import Snapshot, metrics_url, parse_metrics, scrape
+from pdscope.metrics.grafana import grafana_dashboard
+from pdscope.metrics.recorder import (
+    MetricsRecorder,
+    Recording,
+    ThreadedMetricsRecorder,
+    bracket,
+    load_recording,
+    read_recording,
+    recording_window,
+)
+from pdscope.metrics.scrape import Snapshot, base_url, metrics_url, parse_metrics, scrape
 from pdscope.metrics.signals import (
     FULL_POOL_KV_USAGE,
     Signal,
@@ -48,22 +62,34 @@ __all__ = [
     "VLLM",
     "Histogram",
     "MetricMap",
+    "MetricsRecorder",
+    "Recording",
+    "Row",
     "Signal",
     "Snapshot",
+    "ThreadedMetricsRecorder",
     "Window",
     "achieved_bandwidth_gb_s",
+    "base_url",
+    "bracket",
     "bucket_resolution",
     "classify_queueing",
     "counter_delta",
     "counter_rate",
+    "dashboard_rows",
     "detect_family",
     "family_by_name",
+    "grafana_dashboard",
     "histogram_delta",
+    "load_recording",
     "make_window",
     "metrics_url",
     "parse_metrics",
     "quantile",
+    "read_recording",
+    "recording_window",
     "scrape",
     "signals",
     "to_json",
+    "window_record",
 ]

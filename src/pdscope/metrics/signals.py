@@ -156,25 +156,32 @@ def iteration_tokens_signal(window: Window) -> Signal:
     )
 
 
-def bandwidth_signal(window: Window) -> Signal:
-    """Memory bandwidth the server estimates it achieved (informational)."""
+def bandwidth_signal(window: Window, ceiling_gb_s: float | None = None) -> Signal:
+    """Memory bandwidth the server estimates it achieved (informational), set beside the
+    device's published bandwidth ``ceiling_gb_s`` when it is given."""
     gb_s = achieved_bandwidth_gb_s(window)
     if gb_s is None:
         return _unknown("achieved_bandwidth_gb_s", window, "read_bytes_per_s")
-    return Signal(
-        "achieved_bandwidth_gb_s",
-        gb_s,
-        "ok",
-        f"the server estimates it read {gb_s:.1f} GB/s per GPU; decode is bound by this line",
-    )
+    if ceiling_gb_s:
+        meaning = (
+            f"the server estimates it read {gb_s:.1f} GB/s per GPU, {gb_s / ceiling_gb_s:.0%} "
+            f"of the device's {ceiling_gb_s:,.0f} GB/s: decode can go no faster than that line"
+        )
+    else:
+        meaning = (
+            f"the server estimates it read {gb_s:.1f} GB/s per GPU; decode is bound by "
+            "the device's memory bandwidth"
+        )
+    return Signal("achieved_bandwidth_gb_s", gb_s, "ok", meaning)
 
 
-def signals(window: Window) -> list[Signal]:
-    """The dashboard's signals, in display order."""
+def signals(window: Window, *, ceiling_gb_s: float | None = None) -> list[Signal]:
+    """The dashboard's signals, in display order. ``ceiling_gb_s``: the device's memory
+    bandwidth, set beside the achieved bandwidth."""
     return [
         queueing_signal(window),
         prefix_cache_signal(window),
         preemption_signal(window),
         iteration_tokens_signal(window),
-        bandwidth_signal(window),
+        bandwidth_signal(window, ceiling_gb_s),
     ]

@@ -201,6 +201,11 @@ class Window:
     end-to-end histogram. ``prefix_cache_hit_rate`` is the share of looked-up prompt tokens found
     in the prefix cache in the interval (vLLM), or SGLang's own hit-rate gauge at the later
     scrape. ``mean_iteration_tokens`` is the mean number of tokens one engine step processed.
+
+    ``start_wall`` and ``end_wall`` are the wall times (``time.time()``) of the two scrapes.
+    ``resolution`` gives, for each quantile field that has a value, the (lower, upper) bounds of
+    the histogram bucket it was interpolated in: the quantile is known to no better than that
+    (``upper`` is ``inf`` when it fell in the ``+Inf`` bucket, where the value is a floor).
     """
 
     family: str
@@ -223,6 +228,9 @@ class Window:
     mean_iteration_tokens: float | None
     reset: bool
     missing: dict[str, str] = field(default_factory=dict)
+    start_wall: float | None = None
+    end_wall: float | None = None
+    resolution: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 class _Reader:
@@ -240,6 +248,7 @@ class _Reader:
         self.family = family
         self.where = where
         self.missing: dict[str, str] = {}
+        self.resolution: dict[str, tuple[float, float]] = {}
         self.reset = False
 
     def note(self, key: str, reason: str) -> None:
@@ -296,7 +305,8 @@ class _Reader:
     def quantiles(
         self, keys: dict[str, float], hist: Histogram | None, empty_reason: str
     ) -> dict[str, float | None]:
-        """Quantiles of a window's histogram, each with its reason when there is none."""
+        """Quantiles of a window's histogram, each with its reason when there is none, and
+        the bucket each was read from in ``self.resolution``."""
         out: dict[str, float | None] = {}
         for key, q in keys.items():
             if hist is None:  # the reason was noted when the histogram was looked up
@@ -308,6 +318,8 @@ class _Reader:
                     self.note(key, empty_reason)
                 else:
                     self.note(key, "the histogram has no finite buckets to interpolate in")
+            else:
+                self.resolution[key] = bucket_resolution(q, hist)
             out[key] = value
         return out
 
@@ -400,6 +412,9 @@ def make_window(
         mean_iteration_tokens=iteration_tokens,
         reset=r.reset,
         missing={},
+        start_wall=before.wall,
+        end_wall=after.wall,
+        resolution=dict(r.resolution),
     )
     # One reason for each field that ended up None, in field order, and none for the others.
     missing = {
@@ -475,9 +490,17 @@ def _mean_iteration_tokens(
 
 
 def to_json(window: Window) -> dict[str, Any]:
-    """The window as a JSON-ready dict: one key per field, ``missing`` included."""
+    """The window as a JSON-ready dict: one key per field, ``missing`` included.
+
+    ``resolution`` becomes ``{"ttft_p50_s": [lower, upper], ...}`` with an infinite bound
+    written ``null`` (strict JSON has no infinity).
+    """
     out: dict[str, Any] = {}
     for f in fields(Window):
         value = getattr(window, f.name)
         out[f.name] = dict(value) if isinstance(value, dict) else value
+    out["resolution"] = {
+        key: [None if math.isinf(bound) else bound for bound in bounds]
+        for key, bounds in window.resolution.items()
+    }
     return out

@@ -1,0 +1,21 @@
+"""Load: open- and closed-loop scheduling, sweeps, statistics and result files."""
+
+from pdscope.load.bench import BenchConfig, BenchResult, Workload, run_bench
+from pdscope.load.runner import Finished, Stage, StageRun, run_stage
+from pdscope.load.schedule import arrival_offsets
+from pdscope.load.summary import SLO, parse_slo, summarize_stage
+
+__all__ = [
+    "SLO",
+    "BenchConfig",
+    "BenchResult",
+    "Finished",
+    "Stage",
+    "StageRun",
+    "Workload",
+    "arrival_offsets",
+    "parse_slo",
+    "run_bench",
+    "run_stage",
+    "summarize_stage",
+]

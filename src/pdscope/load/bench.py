@@ -1,0 +1,194 @@
+"""A whole load run: detect the server, build the workload, run each stage, summarise.
+
+The library entry of ``pdscope bench``::
+
+    result = await run_bench("http://127.0.0.1:8000", BenchConfig(), [Stage(request_rate=2,
+                             num_prompts=40)], Workload(input_len=parse_lengths("512")))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdscope.client import ServerInfo, Target, Timeouts, detect_server, new_session, tokenize
+from pdscope.errors import InputError, RunError
+from pdscope.load.results import RunFolder
+from pdscope.load.runner import ProgressFn, Stage, StageRun, run_stage
+from pdscope.load.summary import SLO, summarize_stage
+from pdscope.workload.datasets import (
+    Lengths,
+    WorkItem,
+    load_jsonl,
+    load_sharegpt,
+    sample,
+    shared_prefix,
+    synthetic,
+)
+from pdscope.workload.prompts import PromptBuilder
+
+# Schedule lag that says the client, not the server, is falling behind: an open-loop request
+# should leave within a few milliseconds of its time.
+LAG_WARN_MS = 10.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    input_len: Lengths = field(default_factory=lambda: Lengths("fixed", 512))
+    output_len: Lengths = field(default_factory=lambda: Lengths("fixed", 128))
+    dataset: str | None = None
+    dataset_format: str = "auto"
+    prefix_groups: int | None = None
+    prefix_tokens: int = 0
+
+    def describe(self) -> str:
+        if self.dataset:
+            return f"dataset {self.dataset}"
+        if self.prefix_groups:
+            return (f"{self.prefix_groups} groups sharing a {self.prefix_tokens}-token prefix,"
+                    f" {self.input_len} more tokens each, {self.output_len} out")
+        return f"synthetic: {self.input_len} tokens in, {self.output_len} out"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str | None = None
+    api: str = "auto"
+    api_key: str | None = None
+    fixed_output: bool = True
+    seed: int = 0
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    slo: SLO | None = None
+    drain_s: float = 30.0
+
+
+@dataclass
+class BenchResult:
+    server: ServerInfo
+    target: Target
+    folder: Path
+    summaries: list[dict[str, Any]]
+    runs: list[StageRun]
+    warnings: list[str]
+
+    @property
+    def sweep(self) -> bool:
+        return len(self.summaries) > 1
+
+
+async def build_items(
+    workload: Workload, count: int, info: ServerInfo, target: Target, session: Any, seed: int
+) -> list[WorkItem]:
+    """``count`` requests of the workload, prompts fitted to the server's tokenizer when it has
+    one."""
+    if workload.dataset:
+        path = workload.dataset
+        fmt = workload.dataset_format
+        if fmt == "auto":
+            fmt = "jsonl" if path.endswith((".jsonl", ".ndjson")) else "sharegpt"
+        items = load_jsonl(path) if fmt == "jsonl" else load_sharegpt(path)
+        return sample(items, count, seed)
+    count_fn = None
+    if info.tokenize_endpoint and target.api == "openai":
+        async def count_fn(text: str) -> int:
+            ids = await tokenize(info, session, text, api_key=target.api_key, model=target.model)
+            if ids is None:
+                raise RunError(f"{info.base_url}{info.tokenize_endpoint} did not tokenize")
+            return len(ids)
+    builder = PromptBuilder(count_fn, base_seed=seed)
+    if workload.prefix_groups:
+        return await shared_prefix(
+            count, workload.prefix_groups, workload.prefix_tokens, workload.input_len,
+            workload.output_len, builder, seed,
+        )
+    return await synthetic(count, workload.input_len, workload.output_len, builder, seed)
+
+
+# Prompts made ahead of a stage at most; a longer stage cycles through them (a prompt comes
+# back only after this many others, long after a prefix cache of useful size has moved on).
+POOL = 1000
+
+
+def _count_needed(stage: Stage) -> int:
+    if stage.num_prompts is not None:
+        return min(stage.num_prompts + stage.warmup, POOL)
+    assert stage.duration_s is not None
+    if stage.request_rate is not None and stage.request_rate != float("inf"):
+        return min(POOL, max(1, int(stage.request_rate * stage.duration_s * 1.5) + 10))
+    return POOL
+
+
+def lag_warning(summary: dict[str, Any]) -> str | None:
+    p99 = summary.get("p99_schedule_lag_ms")
+    if p99 is not None and p99 > LAG_WARN_MS:
+        return (f"{summary['stage']['name']}: open-loop sends were up to {p99:.0f} ms late (p99):"
+                " the client fell behind its schedule; latencies include that delay. Lower the"
+                " rate, or check the client's limits with `pdscope selftest`")
+    return None
+
+
+async def run_bench(
+    url: str,
+    config: BenchConfig,
+    stages: Sequence[Stage],
+    workload: Workload,
+    folder: str | Path,
+    *,
+    stop: asyncio.Event | None = None,
+    cancel: asyncio.Event | None = None,
+    progress: Callable[[Stage], ProgressFn] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> BenchResult:
+    """Run every stage in order against ``url``; results go to ``folder`` as they come."""
+    if not stages:
+        raise InputError("no load stage given")
+    stop = stop or asyncio.Event()
+    max_streams = max((s.concurrency or s.max_concurrency or 256) for s in stages)
+    async with new_session(limit=max(256, max_streams + 16)) as session:
+        info = await detect_server(url, session, api_key=config.api_key)
+        if config.model and info.models and config.model not in info.models:
+            raise RunError(f"model {config.model!r} is not served at {info.base_url} (it serves:"
+                           f" {', '.join(info.models[:8])})")
+        if not config.model and not info.models:
+            raise RunError(f"{info.base_url} lists no models: name one with --model")
+        api = None if config.api == "auto" else config.api
+        target = info.target(model=config.model, api=api,  # type: ignore[arg-type]
+                             api_key=config.api_key, fixed_output=config.fixed_output)
+        run_meta = {
+            "url": info.base_url, "server": info.kind, "server_version": info.version,
+            "model": target.model, "api": target.api, "workload": workload.describe(),
+            "stages": [s.to_json() for s in stages], "started_at": time.time(),
+            **(meta or {}),
+        }
+        out = RunFolder(folder, run_meta)
+        summaries: list[dict[str, Any]] = []
+        runs: list[StageRun] = []
+        warnings: list[str] = []
+        try:
+            for i, stage in enumerate(stages):
+                if stop.is_set():
+                    break
+                seed = config.seed * 1000 + i if config.seed else random.randrange(1 << 30)
+                items = await build_items(workload, _count_needed(stage), info, target,
+                                          session, seed)
+                out.stage = stage.name
+                run = await run_stage(
+                    session, target, items, stage, timeouts=config.timeouts, sink=out,
+                    stop=stop, cancel=cancel, drain_s=config.drain_s,
+                    progress=progress(stage) if progress else None,
+                )
+                summary = summarize_stage(run, config.slo)
+                summary.update(server=info.kind, model=target.model, api=target.api)
+                runs.append(run)
+                summaries.append(summary)
+                w = lag_warning(summary)
+                if w:
+                    warnings.append(w)
+        finally:
+            out.finish(summaries, sweep=len(stages) > 1)
+    return BenchResult(info, target, out.path, summaries, runs, warnings)

@@ -1,0 +1,282 @@
+"""Send a workload at a rate or a concurrency, and record every request as it finishes.
+
+Open loop: every request has a send time fixed in advance (``schedule.arrival_offsets``); a
+task is started at that time whatever earlier requests are doing, so a slow server shows up as
+latency, not as a slower load. The lag between the scheduled and the actual send is recorded
+(``schedule_lag_s``), and so is the time a request waited for ``max_concurrency`` before it
+could go (``client_queue_s``), apart from its TTFT.
+
+Closed loop: ``concurrency`` streams, each sending its next request when the last one ends.
+
+Each finished request is handed to the sink at once (the JSONL file is flushed line by line),
+so an interrupted run keeps everything that had finished. A stop request (Ctrl-C) ends the
+scheduling; requests in flight finish or time out within ``drain_s``; what is still running
+then is cancelled and counted as incomplete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+
+from pdscope.client import RequestRecord, Target, Timeouts, stream_request
+from pdscope.errors import InputError
+from pdscope.load.schedule import arrival_offsets
+from pdscope.workload.datasets import WorkItem
+
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One load level. Exactly one of ``request_rate`` (open loop) and ``concurrency`` (closed
+    loop) is set."""
+
+    request_rate: float | None = None
+    concurrency: int | None = None
+    max_concurrency: int | None = None
+    burstiness: float = 1.0
+    num_prompts: int | None = None
+    duration_s: float | None = None
+    warmup: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.request_rate is None) == (self.concurrency is None):
+            raise InputError("give either --request-rate or --concurrency")
+        if self.num_prompts is None and self.duration_s is None:
+            raise InputError("give --num-prompts or --duration (or both)")
+
+    @property
+    def name(self) -> str:
+        if self.request_rate is not None:
+            return f"rate={self.request_rate:g}"
+        return f"concurrency={self.concurrency}"
+
+    @property
+    def mode(self) -> str:
+        return "open-loop" if self.request_rate is not None else "closed-loop"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "mode": self.mode,
+            "request_rate": (
+                "inf" if self.request_rate == float("inf") else self.request_rate
+            ),
+            "concurrency": self.concurrency,
+            "max_concurrency": self.max_concurrency,
+            "burstiness": self.burstiness,
+            "num_prompts": self.num_prompts,
+            "duration_s": self.duration_s,
+            "warmup": self.warmup,
+        }
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request as a load run keeps it: its record, and where it stood in the run."""
+
+    index: int
+    warmup: bool
+    client_queue_s: float | None
+    record: RequestRecord
+
+    def to_json(self, stage: str) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": self.index,
+            "stage": stage,
+            "warmup": self.warmup,
+            "client_queue_s": self.client_queue_s,
+        }
+        out.update(self.record.to_dict())
+        return out
+
+
+class Sink(Protocol):
+    def __call__(self, finished: Finished) -> None: ...
+
+
+@dataclass
+class StageRun:
+    stage: Stage
+    t0_ns: int
+    started_wall: float
+    finished: list[Finished] = field(default_factory=list)
+    scheduled: int = 0
+    sent: int = 0
+    interrupted: bool = False
+    t_end_ns: int = 0
+
+    @property
+    def duration_s(self) -> float:
+        return max(self.t_end_ns - self.t0_ns, 1) / NS
+
+
+ProgressFn = Callable[[StageRun, int], None]  # the run so far, requests in flight
+
+
+async def run_stage(
+    session: aiohttp.ClientSession,
+    target: Target,
+    items: Sequence[WorkItem],
+    stage: Stage,
+    *,
+    timeouts: Timeouts,
+    sink: Sink,
+    stop: asyncio.Event | None = None,
+    cancel: asyncio.Event | None = None,
+    drain_s: float = 30.0,
+    progress: ProgressFn | None = None,
+) -> StageRun:
+    """Run one stage to its end (count or duration), or until ``stop`` is set. After a stop,
+    requests in flight get ``drain_s`` to finish, or until ``cancel`` is set."""
+    if not items:
+        raise InputError("the workload is empty")
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    start_ns = time.perf_counter_ns() + 5_000_000  # a moment to set up before the first send
+    run = StageRun(stage, start_ns, time.time())
+    in_flight: set[asyncio.Task[None]] = set()
+    limit = asyncio.Semaphore(stage.max_concurrency) if stage.max_concurrency else None
+    deadline_ns = (
+        start_ns + int(stage.duration_s * NS) if stage.duration_s is not None else None
+    )
+
+    async def send(index: int, item: WorkItem, scheduled_ns: int | None) -> None:
+        queue_s: float | None = None
+        if limit is not None:
+            await limit.acquire()
+            if scheduled_ns is not None:
+                # Due when a slot freed: the wait is client queueing, not schedule lag.
+                free_ns = time.perf_counter_ns()
+                queue_s = max(0, free_ns - scheduled_ns) / NS
+                scheduled_ns = max(scheduled_ns, free_ns)
+        try:
+            run.sent += 1
+            record = await stream_request(
+                session,
+                target,
+                item.prompt,
+                messages=list(item.messages) if item.messages is not None else None,
+                max_tokens=item.max_tokens,
+                timeouts=timeouts,
+                scheduled_ns=scheduled_ns,
+            )
+        finally:
+            if limit is not None:
+                limit.release()
+        done = Finished(index, index < stage.warmup, queue_s, record)
+        run.finished.append(done)
+        run.t_end_ns = max(run.t_end_ns, time.perf_counter_ns())
+        sink(done)
+
+    def launch(index: int, item: WorkItem, scheduled_ns: int | None) -> asyncio.Task[None]:
+        task = loop.create_task(send(index, item, scheduled_ns))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+        run.scheduled += 1
+        return task
+
+    async def wait_until(t_ns: int) -> bool:
+        """Sleep until ``t_ns`` (perf_counter); False when stopped first."""
+        delay = (t_ns - time.perf_counter_ns()) / NS
+        if delay > 0:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+        return not stop.is_set()
+
+    ticker = loop.create_task(_report(run, in_flight, progress)) if progress else None
+    workers: list[asyncio.Task[None]] = []
+    try:
+        if stage.request_rate is not None:
+            offsets = arrival_offsets(
+                stage.num_prompts,
+                stage.request_rate,
+                burstiness=stage.burstiness,
+                duration_s=stage.duration_s,
+                seed=stage.seed,
+            )
+            for index, offset in enumerate(offsets):
+                due = start_ns + int(offset * NS)
+                if not await wait_until(due):
+                    break
+                launch(index, items[index % len(items)], due)
+        else:
+            assert stage.concurrency is not None
+            counter = itertools.count()
+            total = stage.num_prompts
+
+            async def stream_worker() -> None:
+                while not stop.is_set():
+                    index = next(counter)
+                    now = time.perf_counter_ns()
+                    if (total is not None and index >= total) or (
+                        deadline_ns is not None and now >= deadline_ns
+                    ):
+                        return
+                    # A closed loop has no schedule: a request goes when its stream is free.
+                    await launch(index, items[index % len(items)], None)
+
+            await wait_until(start_ns)
+            workers.extend(loop.create_task(stream_worker()) for _ in range(stage.concurrency))
+            stopper = loop.create_task(stop.wait())
+            await asyncio.wait([*workers, stopper], return_when=asyncio.FIRST_COMPLETED)
+            if not stop.is_set():
+                await asyncio.gather(*workers)
+            stopper.cancel()
+        # Drain: what is in flight finishes or times out on its own; after drain_s (on a stop)
+        # it is cancelled and its record says so.
+        if in_flight:
+            if stop.is_set():
+                await _drain(in_flight, drain_s, cancel)
+            else:
+                await asyncio.wait(list(in_flight))
+    finally:
+        run.interrupted = stop.is_set()
+        if ticker is not None:
+            ticker.cancel()
+        for task in list(in_flight):
+            task.cancel()
+        for w in workers:
+            w.cancel()
+    if run.t_end_ns == 0:
+        run.t_end_ns = time.perf_counter_ns()
+    return run
+
+
+async def _drain(
+    in_flight: set[asyncio.Task[None]], drain_s: float, cancel: asyncio.Event | None
+) -> None:
+    """Let requests in flight end within ``drain_s`` (or until ``cancel``); then cancel the
+    rest, whose records come back marked ``cancelled``."""
+    waiters: list[asyncio.Future[Any]] = [*in_flight]
+    canceller = asyncio.ensure_future(cancel.wait()) if cancel is not None else None
+    deadline = time.monotonic() + drain_s
+    while in_flight and time.monotonic() < deadline:
+        if canceller is not None and canceller.done():
+            break
+        waiters = [*in_flight] + ([canceller] if canceller is not None else [])
+        await asyncio.wait(waiters, timeout=deadline - time.monotonic(),
+                           return_when=asyncio.FIRST_COMPLETED)
+    if canceller is not None:
+        canceller.cancel()
+    pending = list(in_flight)
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=5.0)
+
+
+async def _report(run: StageRun, in_flight: set[asyncio.Task[None]],
+                  progress: ProgressFn | None) -> None:
+    while progress is not None:
+        progress(run, len(in_flight))
+        await asyncio.sleep(0.25)

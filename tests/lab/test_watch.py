@@ -1,0 +1,197 @@
+"""pdscope watch and the metrics recorder on the lab's real vLLM, under more load than it admits.
+
+The load: 10 streamed completions sent at once, each a different 1,400-word prompt (about
+1,420 tokens). vLLM for CPU schedules at most 2,048 tokens a step (its default
+``--max-num-batched-tokens`` on CPU; ``--max-num-seqs`` is 128 there and never binds), so it
+takes one and a half prompts a step and the rest wait. The KV pool holds 93,184 tokens
+(``VLLM_CPU_KVCACHE_SPACE=2``): 14,000 tokens fill about 15% of it. Loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from pdscope import lab
+from pdscope.metrics import (
+    FULL_POOL_KV_USAGE,
+    ThreadedMetricsRecorder,
+    bracket,
+    load_recording,
+    recording_window,
+)
+
+pytestmark = pytest.mark.lab
+
+REQUESTS = 10
+WORDS = 1400
+MAX_TOKENS = 16
+WINDOWS = 8
+WORDS_POOL = (
+    "prefill decode cache token prompt batch queue memory bandwidth compute server request "
+    "stream latency scheduler block pool engine step model layer head attention"
+).split()
+
+
+@dataclass(frozen=True)
+class Sent:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class WatchedLoad:
+    windows: list[dict]
+    watch_stderr: str
+    watch_status: int
+    sent: list[Sent]
+    recording: Path
+    load_start_t: float
+    load_end_t: float
+
+
+async def stream(session: aiohttp.ClientSession, url: str, model: str, index: int) -> Sent:
+    rng = random.Random(1000 + index)
+    prompt = f"Request {index}: " + " ".join(rng.choice(WORDS_POOL) for _ in range(WORDS))
+    body = {
+        "model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }
+    usage: dict = {}
+    async with session.post(
+        url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=150)
+    ) as response:
+        response.raise_for_status()
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if line.startswith("data: {"):
+                usage = json.loads(line[6:]).get("usage") or usage
+    return Sent(usage["prompt_tokens"], usage["completion_tokens"])
+
+
+async def load(url: str, model: str) -> list[Sent]:
+    async with aiohttp.ClientSession() as session:
+        streams = (stream(session, url, model, i) for i in range(REQUESTS))
+        return list(await asyncio.gather(*streams))
+
+
+@pytest.fixture(scope="module")
+def watched_load(
+    vllm_server: lab.LabServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WatchedLoad]:
+    """One load run, watched by `pdscope watch --json` and recorded beside it."""
+    recording = tmp_path_factory.mktemp("watch") / "load.metrics.jsonl"
+    with ThreadedMetricsRecorder(vllm_server.url, recording, interval=0.5):
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "pdscope", "watch", vllm_server.url, "--json",
+             "--count", str(WINDOWS), "--interval", "1"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
+        )
+        try:
+            start = time.monotonic()
+            sent = asyncio.run(load(vllm_server.url, vllm_server.model))
+            end = time.monotonic()
+            out, err = watch.communicate(timeout=60)
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+    yield WatchedLoad(
+        windows=[json.loads(line) for line in out.splitlines()],
+        watch_stderr=err,
+        watch_status=watch.returncode,
+        sent=sent,
+        recording=recording,
+        load_start_t=start,
+        load_end_t=end,
+    )
+
+
+def test_watch_shows_requests_waiting_and_says_why(watched_load: WatchedLoad) -> None:
+    assert watched_load.watch_status == 0, watched_load.watch_stderr
+    windows = watched_load.windows
+    assert len(windows) == WINDOWS
+    assert all(w["family"] == "vllm" for w in windows)
+    # More prompt tokens than a step takes: some window saw requests waiting.
+    assert max(w["num_requests_waiting"] for w in windows) > 0
+    for w in windows:
+        waiting, kv = w["num_requests_waiting"], w["kv_cache_usage"]
+        assert waiting is not None and kv is not None
+        # The rule: nobody waiting is "none"; waiting with the pool at least FULL_POOL_KV_USAGE
+        # full is "capacity", below it "scheduler".
+        if waiting == 0:
+            assert w["queueing"] == "none"
+        elif kv >= FULL_POOL_KV_USAGE:
+            assert w["queueing"] == "capacity"
+        else:
+            assert w["queueing"] == "scheduler"
+        # A null is never a 0 in disguise: each has its reason.
+        assert set(w["missing"]) == {key for key, value in w.items() if value is None}
+    # This lab's pool is far from full, so the queueing it sees is the scheduler's.
+    assert max(w["kv_cache_usage"] for w in windows) < FULL_POOL_KV_USAGE
+    assert "scheduler" in {w["queueing"] for w in windows}
+
+
+def test_watch_percentiles_lie_in_their_buckets(watched_load: WatchedLoad) -> None:
+    read = [
+        (w[key], w["resolution"][key])
+        for w in watched_load.windows
+        for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")
+        if w[key] is not None
+    ]
+    assert read, "no window saw a first token or a generated token"
+    for value, (lower, upper) in read:
+        assert lower <= value and (upper is None or value <= upper)
+
+
+def test_the_recording_accounts_for_the_whole_load(watched_load: WatchedLoad) -> None:
+    snapshots = load_recording(watched_load.recording)
+    assert len(snapshots) >= 4
+    first, last = bracket(snapshots, watched_load.load_start_t, watched_load.load_end_t)
+    w = recording_window(snapshots, first=first, last=last)
+    assert w.family == "vllm"
+    # The server's own account of the run matches what the client sent and received.
+    assert w.requests_finished == REQUESTS
+    assert w.generation_tokens_per_s is not None and w.prompt_tokens_per_s is not None
+    generated = w.generation_tokens_per_s * w.duration_s
+    assert generated == pytest.approx(REQUESTS * MAX_TOKENS)
+    assert sum(s.completion_tokens for s in watched_load.sent) == REQUESTS * MAX_TOKENS
+    prompted = w.prompt_tokens_per_s * w.duration_s
+    assert prompted == pytest.approx(sum(s.prompt_tokens for s in watched_load.sent))
+    # While the load ran, some scrape saw requests waiting.
+    assert max(s.gauge("vllm:num_requests_waiting") or 0 for s in snapshots) > 0
+
+
+def test_watch_once_prints_the_dashboard(vllm_server: lab.LabServer) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "pdscope", "watch", vllm_server.url + "/v1", "--once",
+         "--interval", "1"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "120"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"vLLM {vllm_server.url}/metrics  window ")
+    rows = [line.split()[0] for line in r.stdout.splitlines() if line]
+    for label in ("running", "waiting", "KV-cache", "TTFT", "ITL", "queueing", "preemptions"):
+        assert label in rows, label
+    assert "the five names: vllm:num_requests_running" in r.stdout
+
+
+def test_llama_cpp_python_says_it_has_no_metrics(llamacpp_server: lab.LabServer) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "pdscope", "watch", llamacpp_server.url, "--once"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 1
+    assert r.stdout == ""
+    assert r.stderr.startswith("pdscope: ") and r.stderr.count("\n") == 1
+    assert "has no /metrics endpoint (404)" in r.stderr
