@@ -11,7 +11,14 @@ from typing import Any
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pdscope.cli.common import command_parser, console, err_console, print_json, warn
+from pdscope.cli.common import (
+    command_parser,
+    console,
+    err_console,
+    print_json,
+    run_async,
+    warn,
+)
 from pdscope.cli.server_args import add_server_args, api_key
 from pdscope.client import Timeouts
 from pdscope.errors import InputError
@@ -188,23 +195,13 @@ def _run_with_progress(url: str, config: BenchConfig, stages: list[Stage], workl
                 loop.remove_signal_handler(signal.SIGINT)
                 loop.remove_signal_handler(signal.SIGTERM)
 
-    return _run_loop(main)
+    return run_async(main)
 
 
 def _now_ns() -> int:
     import time
 
     return time.perf_counter_ns()
-
-
-def _run_loop(main: Any) -> BenchResult:
-    """Run on uvloop when it is installed (a faster event loop: less client overhead at
-    hundreds of streams), else asyncio's own."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main())
-    return uvloop.run(main())
 
 
 def _ms(x: float | None) -> str:

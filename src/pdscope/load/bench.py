@@ -21,6 +21,7 @@ from pdscope.errors import InputError, RunError
 from pdscope.load.results import RunFolder
 from pdscope.load.runner import ProgressFn, Stage, StageRun, run_stage
 from pdscope.load.summary import SLO, summarize_stage
+from pdscope.selftest.check import saved_capacity
 from pdscope.workload.datasets import (
     Lengths,
     WorkItem,
@@ -123,6 +124,17 @@ def _count_needed(stage: Stage) -> int:
     return POOL
 
 
+def capacity_warning(summary: dict[str, Any], capacity: int | None) -> str | None:
+    """The load went past what ``pdscope selftest`` showed this client holds to 1 ms."""
+    peak = summary.get("max_in_flight") or 0
+    if capacity is not None and peak > capacity:
+        return (f"{summary['stage']['name']}: {peak} requests were in flight at once, more than"
+                f" the {capacity} streams `pdscope selftest` found this client keeps within 1 ms"
+                " of a known schedule on this machine: expect client overhead in the"
+                " latencies")
+    return None
+
+
 def lag_warning(summary: dict[str, Any]) -> str | None:
     p99 = summary.get("p99_schedule_lag_ms")
     if p99 is not None and p99 > LAG_WARN_MS:
@@ -186,9 +198,9 @@ async def run_bench(
                 summary.update(server=info.kind, model=target.model, api=target.api)
                 runs.append(run)
                 summaries.append(summary)
-                w = lag_warning(summary)
-                if w:
-                    warnings.append(w)
+                for w in (lag_warning(summary), capacity_warning(summary, saved_capacity())):
+                    if w:
+                        warnings.append(w)
         finally:
             out.finish(summaries, sweep=len(stages) > 1)
     return BenchResult(info, target, out.path, summaries, runs, warnings)

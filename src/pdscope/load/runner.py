@@ -114,6 +114,7 @@ class StageRun:
     sent: int = 0
     interrupted: bool = False
     t_end_ns: int = 0
+    max_in_flight: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -182,6 +183,7 @@ async def run_stage(
         task = loop.create_task(send(index, item, scheduled_ns))
         in_flight.add(task)
         task.add_done_callback(in_flight.discard)
+        run.max_in_flight = max(run.max_in_flight, len(in_flight))
         run.scheduled += 1
         return task
 

@@ -1,0 +1,112 @@
+"""pdscope selftest: the client's own timing error, against a server whose timing is known."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from rich.table import Table
+
+from pdscope.cli.common import command_parser, console, err_console, print_json, run_async
+from pdscope.selftest.check import (
+    DEFAULT_LEVELS,
+    ERROR_LIMIT_MS,
+    SelftestResult,
+    run_selftest,
+    save,
+)
+
+EXAMPLES = """
+  pdscope selftest                         rising concurrency until the error passes 1 ms
+  pdscope selftest --levels 1,50,200 --json
+  pdscope selftest --serve --port 8300 --itl-ms 10 --fault-rate 0.1
+      run the reference server alone (127.0.0.1), to try any client against it
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = command_parser(
+        sub,
+        "selftest",
+        "measure the client's own timing error and the load it sustains",
+        "Starts pdscope's reference streaming server on 127.0.0.1 (exact schedule: TTFT, then\n"
+        "one token every ITL, the send and due time of every chunk written into it) and runs\n"
+        "closed-loop load at rising concurrency. Reports per level the schedule error of TTFT\n"
+        "and ITL (p50, p99), split into the server's lateness and the client's, and the\n"
+        f"highest concurrency held with median errors under {ERROR_LIMIT_MS:g} ms; `bench` warns\n"
+        "above it.",
+        EXAMPLES,
+    )
+    p.add_argument("--levels", default=",".join(map(str, DEFAULT_LEVELS)),
+                   help=f"concurrencies to try (default {','.join(map(str, DEFAULT_LEVELS))})")
+    p.add_argument("--itl-ms", type=float, default=10.0, help="the server's ITL (default 10)")
+    p.add_argument("--ttft-ms", type=float, default=50.0, help="the server's TTFT (default 50)")
+    p.add_argument("--output-tokens", type=int, default=100, help="tokens a request (100)")
+    p.add_argument("--all-levels", action="store_true",
+                   help="run every level even after one fails the 1 ms limit")
+    p.add_argument("--serve", action="store_true",
+                   help="only run the reference server until Ctrl-C (prints its URL)")
+    p.add_argument("--port", type=int, default=0, help="with --serve: the port (0: any)")
+    p.add_argument("--fault-rate", type=float, default=0.0,
+                   help="with --serve: share of requests given a random fault")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdscope.load.schedule import parse_ints
+
+    if args.serve:
+        from pdscope.selftest.server import main as serve
+
+        argv = ["--port", str(args.port), "--itl-s", str(args.itl_ms / 1000),
+                "--ttft-base-s", str(args.ttft_ms / 1000), "--fault-rate", str(args.fault_rate)]
+        serve(argv)
+        return 0
+    levels = parse_ints(args.levels, "--levels")
+
+    async def main() -> SelftestResult:
+        return await run_selftest(
+            levels, itl_s=args.itl_ms / 1000, ttft_s=args.ttft_ms / 1000,
+            output_tokens=args.output_tokens, stop_after_failure=not args.all_levels,
+            progress=lambda c: err_console.print(f"[dim]concurrency {c}...[/dim]"),
+        )
+
+    result = run_async(main)
+    path = save(result)
+    if args.json:
+        print_json(result.to_json())
+        return 0
+    console.print(f"reference server: TTFT {args.ttft_ms:g} ms, one token every"
+                  f" {args.itl_ms:g} ms, {args.output_tokens} tokens; client event loop:"
+                  f" {result.loop}")
+    table = Table(title_justify="left")
+    for col in ("streams", "requests", "TTFT err p50", "p99", "ITL err p50", "p99",
+                "transit p50", "server late p50", "client late p50", "p99", "tok/s (ideal)"):
+        table.add_column(col, justify="right")
+
+    def ms(x: float) -> str:
+        return "—" if math.isnan(x) else f"{x:+.2f}"
+
+    for lv in result.levels:
+        style = "" if lv.sustained else "yellow"
+        table.add_row(
+            str(lv.concurrency), f"{lv.requests}" + (f" ({lv.failed} failed)" if lv.failed else ""),
+            ms(lv.ttft_err_p50_ms), ms(lv.ttft_err_p99_ms), ms(lv.itl_err_p50_ms),
+            ms(lv.itl_err_p99_ms), ms(lv.transit_p50_ms), ms(lv.server_late_p50_ms),
+            ms(lv.client_late_p50_ms), ms(lv.client_late_p99_ms),
+            f"{lv.output_tok_s:,.0f} ({lv.ideal_tok_s:,.0f})", style=style,
+        )
+    console.print(table)
+    best = result.max_sustained
+    console.print(
+        "Errors in ms: reported minus scheduled. Transit: send to the server's clock start;"
+        " server late: its send minus its due time; client late: receive minus the server's"
+        " send (the client's own overhead)."
+    )
+    if best is None:
+        console.print(f"[yellow]No level held median errors under {ERROR_LIMIT_MS:g} ms.[/]")
+    else:
+        console.print(f"Sustained: up to [bold]{best}[/bold] concurrent streams with median"
+                      f" TTFT and ITL errors under {ERROR_LIMIT_MS:g} ms. Saved to {path}.")
+    return 0
