@@ -41,3 +41,8 @@ def test_bench_ttft_agrees_with_vllms_histogram(vllm_server: lab.LabServer, tmp_
         # The client's percentile falls in the bucket that holds the server's, give or take
         # what lies between them: the HTTP round trip and detokenizing, a few milliseconds.
         assert lo - 0.01 <= client <= hi + 0.05, (q, client, server, lo, hi)
+    # bench scraped the same window itself (metrics.jsonl beside requests.jsonl) and says so.
+    own = s["server_metrics"]
+    assert own["family"] == "vllm" and own["requests_finished"] == 40
+    assert own["ttft_p50_s"] == pytest.approx(quantile(0.5, hist), rel=1e-6)
+    assert (tmp_path / "metrics.jsonl").exists()

@@ -91,6 +91,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--drain", type=float, default=30.0,
                    help="after Ctrl-C, seconds in-flight requests get to finish (default 30)")
     o = p.add_argument_group("output")
+    o.add_argument("--no-metrics", action="store_true",
+                   help="do not scrape the server's /metrics beside the load (metrics.jsonl)")
     o.add_argument("--goodput", metavar="SLO", help="objectives in ms: ttft:500,tpot:50,e2el:5000")
     o.add_argument("--out", metavar="DIR", help="run folder (default runs/bench-DATE-TIME)")
     o.add_argument("--json", action="store_true",
@@ -139,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
                           between_tokens=args.timeout_between_tokens, total=args.timeout_total),
         slo=parse_slo(args.goodput) if args.goodput else None,
         drain_s=args.drain,
+        record_metrics=not args.no_metrics,
     )
     folder = args.out or default_run_dir()
     result = _run_with_progress(args.url, config, stages, workload, folder)
@@ -242,5 +245,11 @@ def show(result: BenchResult) -> None:
         if s.get("request_goodput") is not None:
             extra.append(f"goodput {s['request_goodput']:.2f} req/s ({s['good_requests']} of"
                          f" {s['completed']} met {s['goodput_slo_ms']})")
+        sm = s.get("server_metrics")
+        if sm and sm.get("ttft_p50_s") is not None:
+            lo, hi = (sm.get("resolution") or {}).get("ttft_p50_s") or (None, None)
+            bucket = f" (bucket {lo:g}–{hi:g} s)" if lo is not None and hi is not None else ""
+            extra.append(f"server's own TTFT p50 {sm['ttft_p50_s']:.3f} s{bucket}, queueing"
+                         f" {sm.get('queueing') or 'unknown'}")
         if extra:
             console.print(f"{s['stage']['name']}: " + "; ".join(extra))

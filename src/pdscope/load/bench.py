@@ -21,6 +21,7 @@ from pdscope.errors import InputError, RunError
 from pdscope.load.results import RunFolder
 from pdscope.load.runner import ProgressFn, Stage, StageRun, run_stage
 from pdscope.load.summary import SLO, summarize_stage
+from pdscope.metrics import MetricsRecorder, Snapshot, detect_family, make_window, window_record
 from pdscope.selftest.check import saved_capacity
 from pdscope.workload.datasets import (
     Lengths,
@@ -66,6 +67,8 @@ class BenchConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     slo: SLO | None = None
     drain_s: float = 30.0
+    record_metrics: bool = True  # scrape /metrics beside the load, when the server has one
+    metrics_interval_s: float = 1.0
 
 
 @dataclass
@@ -122,6 +125,17 @@ def _count_needed(stage: Stage) -> int:
     if stage.request_rate is not None and stage.request_rate != float("inf"):
         return min(POOL, max(1, int(stage.request_rate * stage.duration_s * 1.5) + 10))
     return POOL
+
+
+def server_window(before: Snapshot | None, after: Snapshot | None) -> dict[str, Any] | None:
+    """What the server's own /metrics say about a stage: the window between a scrape just
+    before it and one just after (the five names, percentiles with their bucket resolution)."""
+    if before is None or after is None:
+        return None
+    family = detect_family(after.names)
+    if family is None:
+        return None
+    return window_record(make_window(before, after, family))
 
 
 def capacity_warning(summary: dict[str, Any], capacity: int | None) -> str | None:
@@ -181,7 +195,14 @@ async def run_bench(
         summaries: list[dict[str, Any]] = []
         runs: list[StageRun] = []
         warnings: list[str] = []
+        recorder = (
+            MetricsRecorder(info.base_url, out.path / "metrics.jsonl", config.metrics_interval_s)
+            if config.record_metrics and info.metrics
+            else None
+        )
         try:
+            if recorder is not None:
+                await recorder.__aenter__()
             for i, stage in enumerate(stages):
                 if stop.is_set():
                     break
@@ -189,6 +210,7 @@ async def run_bench(
                 items = await build_items(workload, _count_needed(stage), info, target,
                                           session, seed)
                 out.stage = stage.name
+                before = await recorder.scrape_once() if recorder is not None else None
                 run = await run_stage(
                     session, target, items, stage, timeouts=config.timeouts, sink=out,
                     stop=stop, cancel=cancel, drain_s=config.drain_s,
@@ -196,11 +218,15 @@ async def run_bench(
                 )
                 summary = summarize_stage(run, config.slo)
                 summary.update(server=info.kind, model=target.model, api=target.api)
+                after = await recorder.scrape_once() if recorder is not None else None
+                summary["server_metrics"] = server_window(before, after)
                 runs.append(run)
                 summaries.append(summary)
                 for w in (lag_warning(summary), capacity_warning(summary, saved_capacity())):
                     if w:
                         warnings.append(w)
         finally:
+            if recorder is not None:
+                await recorder.__aexit__(None, None, None)
             out.finish(summaries, sweep=len(stages) > 1)
     return BenchResult(info, target, out.path, summaries, runs, warnings)
