@@ -1,0 +1,512 @@
+"""The doctor's rules: evidence in, findings out.
+
+Each rule is a small pure function of the :class:`Evidence`. It returns a :class:`Finding`
+that has *fired* (something to change, with the numbers that say so and the advice for this
+server), is *clear* (checked, nothing to change), or is *insufficient* (the evidence it needs
+is missing: it says which, and does not guess). Every threshold sits in the rule that uses it,
+with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdscope.doctor.advice import advice_for, family_of
+from pdscope.doctor.evidence import Evidence, InterferenceEvidence
+
+SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    status: str  # "fired", "clear" or "insufficient"
+    severity: str  # "high", "medium", "low" or "info"
+    title: str
+    reason: str  # the numbers behind it, in a sentence
+    evidence: dict[str, Any] = field(default_factory=dict)
+    advice: tuple[str, ...] = ()
+
+    @property
+    def fired(self) -> bool:
+        return self.status == "fired"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "status": self.status,
+            "severity": self.severity,
+            "title": self.title,
+            "reason": self.reason,
+            "evidence": self.evidence,
+            "advice": list(self.advice),
+        }
+
+
+def _fired(rid: str, severity: str, title: str, reason: str, evidence: dict[str, Any],
+           advice: list[str]) -> Finding:
+    return Finding(rid, "fired", severity, title, reason, evidence, tuple(advice))
+
+
+def _clear(rid: str, title: str, reason: str, evidence: dict[str, Any] | None = None) -> Finding:
+    return Finding(rid, "clear", "info", title, reason, evidence or {})
+
+
+def _missing(rid: str, title: str, what: str) -> Finding:
+    return Finding(rid, "insufficient", "info", title, f"not enough evidence: {what}")
+
+
+def _how(ev: Evidence, action: str) -> str:
+    return advice_for(action, family_of(ev.server.kind)).how
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+# ------------------------------------------------------------------------------ decode
+
+
+# A stack within 70% of the bandwidth ceiling has little left to win: the memory bus is the
+# limit. Below 30%, most of each step is not spent reading weights: the stack is the limit.
+NEAR_CEILING = 0.7
+FAR_BELOW_CEILING = 0.3
+
+
+def _ceiling_at_bits(ev: Evidence, bits: int) -> float | None:
+    hw, ph = ev.hardware, ev.phases
+    if hw is None or ph is None or not ph.decode_ceiling_tok_s:
+        return None
+    step_bytes = hw.mem_bandwidth_gb_s * 1e9 / ph.decode_ceiling_tok_s
+    kv_bytes = step_bytes - hw.weight_bytes_read
+    weights = hw.weight_bytes_read * (bits / 8) / hw.bytes_per_weight
+    return hw.mem_bandwidth_gb_s * 1e9 / (weights + max(kv_bytes, 0.0))
+
+
+def decode_near_ceiling(ev: Evidence) -> Finding:
+    rid, title = "decode-near-ceiling", "Decode is at the memory-bandwidth ceiling"
+    ph = ev.phases
+    if ph is None or ph.decode_fraction is None or ev.hardware is None:
+        return _missing(rid, title, "a probe with a known device and model geometry")
+    frac = ph.decode_fraction
+    data = {"decode_tok_s": ph.decode_tok_s, "decode_ceiling_tok_s": ph.decode_ceiling_tok_s,
+            "fraction": frac, "device": ev.hardware.device}
+    if frac < NEAR_CEILING:
+        return _clear(rid, title, f"decode runs at {_pct(frac)} of the ceiling, below"
+                      f" {_pct(NEAR_CEILING)}", data)
+    bits_now = round(ev.hardware.bytes_per_weight * 8)
+    gains = []
+    for bits in (8, 4):
+        if bits < bits_now:
+            c = _ceiling_at_bits(ev, bits)
+            if c is not None:
+                gains.append(f"at {bits} bits the ceiling would be {c:,.0f} tok/s")
+                data[f"ceiling_at_{bits}_bits_tok_s"] = c
+    advice = [_how(ev, "quantize_weights") + (" (" + "; ".join(gains) + ")." if gains else "")]
+    advice.append(_how(ev, "more_bandwidth"))
+    return _fired(rid, "high", title,
+                  f"decode runs at {ph.decode_tok_s:,.1f} tok/s, {_pct(frac)} of the"
+                  f" {ph.decode_ceiling_tok_s:,.0f} tok/s the memory bus allows on"
+                  f" {ev.hardware.device}: the hardware is the limit", data, advice)
+
+
+def decode_far_below_ceiling(ev: Evidence) -> Finding:
+    rid, title = "decode-far-below-ceiling", "Decode is far below the ceiling: the stack limits"
+    ph = ev.phases
+    if ph is None or ph.decode_fraction is None or ev.hardware is None:
+        return _missing(rid, title, "a probe with a known device and model geometry")
+    frac = ph.decode_fraction
+    data = {"decode_tok_s": ph.decode_tok_s, "decode_ceiling_tok_s": ph.decode_ceiling_tok_s,
+            "fraction": frac}
+    if frac >= FAR_BELOW_CEILING:
+        return _clear(rid, title, f"decode runs at {_pct(frac)} of the ceiling", data)
+    per_step_ms = 1000 / ph.decode_tok_s
+    floor_ms = 1000 / ph.decode_ceiling_tok_s  # type: ignore[operator]
+    advice = [
+        f"Each token takes {per_step_ms:.1f} ms where reading the bytes takes {floor_ms:.1f} ms:"
+        " the rest is per-step overhead (scheduling, kernel launches, sampling, threads)."
+        " A faster memory bus would not help; a leaner serving stack or a larger batch would.",
+    ]
+    if ev.hardware.parameters < 1e9:
+        advice.append("With a model this small, fixed per-step costs dominate; the ceiling"
+                      " matters more for models of billions of parameters.")
+    return _fired(rid, "medium", title,
+                  f"decode runs at {ph.decode_tok_s:,.1f} tok/s, only {_pct(frac)} of the"
+                  f" {ph.decode_ceiling_tok_s:,.0f} tok/s ceiling", data, advice)
+
+
+# ------------------------------------------------------------------------------ prefix cache
+
+
+def prefix_cache_off(ev: Evidence) -> Finding:
+    rid, title = "prefix-cache-off", "A repeated prefix is prefilled every time"
+    p = ev.prefix
+    if p is None:
+        return _missing(rid, title, "the prefix-cache experiment")
+    data = {"prefix_tokens": p.prefix_tokens, "warm_ttft_s": p.warm_ttft_s,
+            "unique_ttft_s": p.unique_ttft_s, "cold_ttft_s": p.cold_ttft_s,
+            "cached_tokens": p.cached_tokens}
+    if p.detected:
+        return _clear(rid, title, f"the server caches prefixes: a repeated {p.prefix_tokens}-token"
+                      f" prefix took {p.warm_ttft_s:.3f} s against {p.unique_ttft_s:.3f} s"
+                      " unseen", data)
+    # What a cache would save: the prefill of the prefix. From the sweep's fit when there is
+    # one (TTFT of the suffix alone), else the prefix's share of the unique prompt.
+    if ev.sweep is not None:
+        s = ev.sweep
+        n = p.suffix_tokens
+        expected_warm = s.a_s + s.b_s_per_token * n + (s.c_s_per_token2 or 0.0) * n * n
+        how = "the sweep's fit of TTFT for the suffix alone"
+    else:
+        share = p.prefix_tokens / (p.prefix_tokens + p.suffix_tokens)
+        expected_warm = p.unique_ttft_s * (1 - share)
+        how = "the prefix's share of the prompt"
+    missing = max(0.0, p.unique_ttft_s - expected_warm)
+    data["missing_saving_s"] = missing
+    return _fired(rid, "high" if missing > 0.2 else "medium", title,
+                  f"a repeated {p.prefix_tokens}-token prefix took {p.warm_ttft_s:.3f} s, as long"
+                  f" as an unseen prompt ({p.unique_ttft_s:.3f} s): nothing was reused. A prefix"
+                  f" cache would save about {missing:.2f} s a request (from {how})",
+                  data, [_how(ev, "enable_prefix_cache")])
+
+
+# ------------------------------------------------------------------------------ prefill
+
+
+# The prompt's prefill is "most of the TTFT" above half of it.
+LONG_PROMPT_SHARE = 0.5
+
+
+def long_prompt(ev: Evidence) -> Finding:
+    rid, title = "long-prompt", "The prompt's length sets the time to first token"
+    if ev.sweep is None or ev.phases is None:
+        return _missing(rid, title, "the prompt-length sweep and a probe")
+    n = ev.phases.prompt_tokens
+    share = ev.sweep.prefill_share(n)
+    data = {"prompt_tokens": n, "prefill_share_of_ttft": share, "fixed_overhead_s": ev.sweep.a_s,
+            "per_token_s": ev.sweep.b_s_per_token, "ttft_s": ev.phases.ttft_s}
+    if share < LONG_PROMPT_SHARE:
+        return _clear(rid, title, f"at {n} tokens the prompt's prefill is {_pct(share)} of the"
+                      f" TTFT; the fixed {ev.sweep.a_s:.3f} s weighs more", data)
+    per_k = ev.sweep.b_s_per_token * 1000
+    advice = [
+        _how(ev, "shorten_prompt") + f" Each 1,000 prompt tokens cost about {per_k:.2f} s here.",
+        _how(ev, "enable_prefix_cache"),
+        _how(ev, "larger_prefill_chunks"),
+    ]
+    return _fired(rid, "medium", title,
+                  f"at {n} prompt tokens, prefill is {_pct(share)} of the {ev.phases.ttft_s:.3f} s"
+                  f" TTFT ({per_k:.2f} s a 1,000 tokens)", data, advice)
+
+
+# ------------------------------------------------------------------------------ queueing
+
+# The KV pool is "near full" at 90% usage: vLLM admits no new sequence it cannot give blocks,
+# and preempts when a running one needs a block it cannot get.
+FULL_POOL = 0.9
+
+
+def _queue_evidence(ev: Evidence) -> tuple[dict[str, Any], str | None]:
+    q = ev.queue
+    if q is None or q.max_waiting is None:
+        return {}, None
+    data = {"max_waiting": q.max_waiting, "kv_usage": q.kv_usage_at_max_waiting,
+            "waiting_for_capacity": q.waiting_for_capacity, "windows": q.windows}
+    return data, q.queueing
+
+
+def queueing_capacity(ev: Evidence) -> Finding:
+    rid, title = "queueing-capacity", "Requests wait because the KV pool is full"
+    if ev.queue is None or ev.queue.max_waiting is None:
+        return _missing(rid, title, "the server's /metrics under load (waiting requests)")
+    data, kind = _queue_evidence(ev)
+    if ev.queue.max_waiting == 0:
+        return _clear(rid, title, "no request waited in any window", data)
+    if kind is None:
+        return _missing(rid, title, "KV-cache usage, which this server does not export")
+    if kind != "capacity":
+        return _clear(rid, title, f"requests waited with the KV pool at"
+                      f" {_pct(ev.queue.kv_usage_at_max_waiting or 0)}: not a full pool", data)
+    advice = [_how(ev, "more_kv_memory"), _how(ev, "fp8_kv_cache"),
+              _how(ev, "shorter_max_context"), _how(ev, "add_replicas")]
+    return _fired(rid, "high", title,
+                  f"up to {ev.queue.max_waiting:.0f} requests waited while the KV pool was"
+                  f" {_pct(ev.queue.kv_usage_at_max_waiting or 0)} full: the server is at"
+                  " capacity, not slow", data, advice)
+
+
+def queueing_scheduler(ev: Evidence) -> Finding:
+    rid, title = "queueing-scheduler", "Requests wait with KV memory to spare"
+    if ev.queue is None or ev.queue.max_waiting is None:
+        return _missing(rid, title, "the server's /metrics under load (waiting requests)")
+    data, kind = _queue_evidence(ev)
+    if ev.queue.max_waiting == 0:
+        return _clear(rid, title, "no request waited in any window", data)
+    if kind is None:
+        return _missing(rid, title, "KV-cache usage, which this server does not export")
+    if kind != "scheduler":
+        return _clear(rid, title, "requests waited only with the KV pool near full", data)
+    advice = [_how(ev, "more_concurrent_sequences"), _how(ev, "larger_prefill_chunks"),
+              _how(ev, "add_replicas")]
+    return _fired(rid, "medium", title,
+                  f"up to {ev.queue.max_waiting:.0f} requests waited while the KV pool was only"
+                  f" {_pct(ev.queue.kv_usage_at_max_waiting or 0)} full: the scheduler's limits"
+                  " (sequences or tokens a step), or the compute, held them back, not memory",
+                  data, advice)
+
+
+def _fewer_sequences(ev: Evidence) -> str:
+    setting = advice_for("more_concurrent_sequences", family_of(ev.server.kind)).setting
+    where = f" (lower {setting})" if setting else ""
+    return f"Admit fewer requests at once{where}, so those running keep their KV blocks."
+
+
+def preemption(ev: Evidence) -> Finding:
+    rid, title = "preemption", "Running requests were preempted (mid-stream pauses)"
+    q = ev.queue
+    if q is None or q.preemptions is None:
+        return _missing(rid, title, "the server's preemption counter under load")
+    data = {"preemptions": q.preemptions}
+    if q.preemptions == 0:
+        return _clear(rid, title, "no request was preempted", data)
+    return _fired(rid, "high", title,
+                  f"{q.preemptions:.0f} requests were preempted: their KV was dropped and will be"
+                  " recomputed, which users see as a pause in the middle of the answer", data,
+                  [_how(ev, "more_kv_memory"), _fewer_sequences(ev), _how(ev, "fp8_kv_cache")])
+
+
+# ------------------------------------------------------------------------------ interference
+
+# A stall is a gap between two tokens of a running stream at least this many times its usual
+# p99, and long enough for a reader to notice.
+STALL_FACTOR = 3.0
+STALL_NOTICEABLE_S = 0.1
+
+
+def _stall_ratio(i: InterferenceEvidence) -> float | None:
+    if i.max_gap_during_s is None or not i.p99_before_s:
+        return None
+    return i.max_gap_during_s / i.p99_before_s
+
+
+def prefill_interference(ev: Evidence) -> Finding:
+    rid, title = "prefill-interference", "A long prompt stalls the streams already running"
+    if not ev.interference:
+        return _missing(rid, title, "the interference experiment")
+    runs = [i for i in ev.interference if i.max_gap_during_s is not None]
+    if not runs:
+        return _missing(rid, title, "a stall measurement (no gap was recorded)")
+    worst = max(runs, key=lambda i: i.max_gap_during_s or 0.0)
+    ratio = _stall_ratio(worst)
+    data: dict[str, Any] = {"inject_tokens": worst.inject_tokens, "streams": worst.streams,
+                            "max_gap_s": worst.max_gap_during_s, "p99_before_s": worst.p99_before_s,
+                            "p99_during_s": worst.p99_during_s}
+    compare = ""
+    if len(runs) > 1:
+        best = min(runs, key=lambda i: i.max_gap_during_s or 0.0)
+        data["runs"] = [{"label": i.label, "budget_tokens": i.budget_tokens,
+                         "max_gap_s": i.max_gap_during_s} for i in runs]
+        if best is not worst:
+            compare = (f" With {best.label or 'the other setting'} the longest stall was"
+                       f" {best.max_gap_during_s:.2f} s against {worst.max_gap_during_s:.2f} s"
+                       f" with {worst.label or 'this setting'}: the smaller prefill budget did"
+                       " better for running streams." if (best.budget_tokens or 0) <
+                       (worst.budget_tokens or 1 << 30) else
+                       f" With {best.label} the longest stall was {best.max_gap_during_s:.2f} s"
+                       f" against {worst.max_gap_during_s:.2f} s with {worst.label}.")
+    if (ratio is None or ratio < STALL_FACTOR or
+            (worst.max_gap_during_s or 0.0) < STALL_NOTICEABLE_S):
+        return _clear(rid, title, f"the longest gap while a {worst.inject_tokens}-token prompt was"
+                      f" prefilled was {worst.max_gap_during_s:.2f} s, within {STALL_FACTOR:g}x the"
+                      " usual p99" + compare, data)
+    return _fired(rid, "medium", title,
+                  f"while a {worst.inject_tokens}-token prompt was prefilled, {worst.streams}"
+                  f" running streams stopped for up to {worst.max_gap_during_s:.2f} s"
+                  f" ({ratio:.0f}x their usual p99 gap of {worst.p99_before_s:.3f} s)." + compare,
+                  data, [_how(ev, "smaller_prefill_chunks")])
+
+
+# ------------------------------------------------------------------------------ context
+
+# KV reads above this share of a decode step's bytes make the context, not the weights, a
+# main cost of each token.
+KV_SHARE_LARGE = 0.3
+
+
+def long_context_decode(ev: Evidence) -> Finding:
+    rid, title = "long-context-decode", "KV-cache reads are a large share of each decode step"
+    ph = ev.phases
+    if ph is None or ph.kv_share_of_step is None:
+        return _missing(rid, title, "a probe with the model's KV geometry and a device")
+    data: dict[str, Any] = {"kv_share_of_step": ph.kv_share_of_step, "context": ph.context}
+    if ev.context is not None:
+        data["measured_slope_s_per_token"] = ev.context.slope_s_per_token
+        data["predicted_slope_s_per_token"] = ev.context.predicted_slope_s_per_token
+    if ph.kv_share_of_step < KV_SHARE_LARGE:
+        return _clear(rid, title, f"at {ph.context:,} tokens of context, KV is"
+                      f" {_pct(ph.kv_share_of_step)} of the bytes a step reads", data)
+    return _fired(rid, "medium", title,
+                  f"at {ph.context:,} tokens, KV is {_pct(ph.kv_share_of_step)} of the bytes each"
+                  " decode step reads: the conversation's length slows every token", data,
+                  [_how(ev, "fp8_kv_cache"), _how(ev, "shorter_max_context")])
+
+
+# ------------------------------------------------------------------------------ load
+
+
+# p99 ITL this many times the p50 under load: users feel the pauses, not the median.
+TAIL_FACTOR = 3.0
+
+
+def tail_latency_batching(ev: Evidence) -> Finding:
+    rid, title = "tail-latency-batching", "Under load, the slowest tokens are far slower than most"
+    if ev.load is None or not ev.load.levels:
+        return _missing(rid, title, "a load sweep")
+    levels = [lv for lv in ev.load.levels if lv.itl_p50_s and lv.itl_p99_s]
+    if not levels:
+        return _missing(rid, title, "ITL percentiles under load")
+    worst = max(levels, key=lambda lv: (lv.itl_p99_s or 0.0) / (lv.itl_p50_s or 1.0))
+    p50, p99 = worst.itl_p50_s or 0.0, worst.itl_p99_s or 0.0
+    ratio = p99 / p50 if p50 else 0.0
+    data = {"concurrency": worst.concurrency, "itl_p50_s": worst.itl_p50_s,
+            "itl_p99_s": worst.itl_p99_s, "ratio": ratio,
+            "levels": [{"concurrency": lv.concurrency, "itl_p50_s": lv.itl_p50_s,
+                        "itl_p99_s": lv.itl_p99_s, "output_throughput": lv.output_throughput}
+                       for lv in levels]}
+    if ratio < TAIL_FACTOR:
+        return _clear(rid, title, f"p99 ITL stays within {TAIL_FACTOR:g}x the p50 up to"
+                      f" {max(lv.concurrency for lv in levels)} streams", data)
+    return _fired(rid, "medium", title,
+                  f"at {worst.concurrency} concurrent streams the p99 gap between tokens is"
+                  f" {p99 * 1000:.0f} ms, {ratio:.1f}x the p50 of"
+                  f" {p50 * 1000:.0f} ms: throughput rose, and every user waits for"
+                  " the slowest part of a shared step", data,
+                  [_how(ev, "smaller_prefill_chunks"), _how(ev, "add_replicas")])
+
+
+# ------------------------------------------------------------------------------ cold start
+
+# A first request this much slower than the warm ones (and by a noticeable margin) paid for
+# loading the model or compiling.
+COLD_FACTOR = 3.0
+COLD_NOTICEABLE_S = 1.0
+
+
+def cold_start(ev: Evidence) -> Finding:
+    rid, title = "cold-start", "The first request pays for loading the model"
+    ph = ev.phases
+    if ph is None or ph.cold_ttft_s is None:
+        return _missing(rid, title, "a probe's cold run")
+    data = {"cold_ttft_s": ph.cold_ttft_s, "warm_ttft_s": ph.ttft_s}
+    if ph.cold_ttft_s < COLD_FACTOR * ph.ttft_s or ph.cold_ttft_s - ph.ttft_s < COLD_NOTICEABLE_S:
+        return _clear(rid, title, f"the first request's TTFT was {ph.cold_ttft_s:.2f} s against"
+                      f" {ph.ttft_s:.2f} s warm", data)
+    return _fired(rid, "low", title,
+                  f"the first request waited {ph.cold_ttft_s:.2f} s for its first token, the next"
+                  f" ones {ph.ttft_s:.2f} s", data, [_how(ev, "keep_model_loaded")])
+
+
+# ------------------------------------------------------------------------------ hardware
+
+
+def _alternatives(ev: Evidence, key: str, better_than: float, n: int = 3) -> list[Any]:
+    from pdscope.hardware import all_devices
+
+    devices = [d for d in all_devices() if d.kind == "gpu" and getattr(d, key)]
+    devices = [d for d in devices if getattr(d, key) >= 1.5 * better_than]
+    devices.sort(key=lambda d: getattr(d, key))
+    return devices[:n]
+
+
+def gpu_upgrade(ev: Evidence) -> Finding:
+    """bigger-gpu-wont-help or faster-gpu-will-help: which phase limits, and what the device
+    table predicts for other cards."""
+    hw, ph = ev.hardware, ev.phases
+    if hw is None or ph is None or ph.decode_ceiling_tok_s is None:
+        return _missing("bigger-gpu-wont-help", "What another GPU would change",
+                        "a probe with a known device and model geometry")
+    step_bytes = hw.mem_bandwidth_gb_s * 1e9 / ph.decode_ceiling_tok_s
+    prefill_share = ev.sweep.prefill_share(ph.prompt_tokens) if ev.sweep else None
+    prefill_bound = (ph.prefill_ceiling_tok_s is not None and ph.prefill_tok_s is not None
+                     and ph.prefill_tok_s >= 0.5 * ph.prefill_ceiling_tok_s)
+    data: dict[str, Any] = {"device": hw.device, "mem_bandwidth_gb_s": hw.mem_bandwidth_gb_s,
+                            "peak_tflops": hw.peak_tflops, "decode_fraction": ph.decode_fraction}
+    if prefill_bound and hw.peak_tflops and prefill_share is not None and prefill_share > 0.5:
+        faster = _alternatives(ev, "bf16_tflops", hw.peak_tflops)
+        preds = [f"{d.name}: prefill about {ph.ttft_s * hw.peak_tflops / d.bf16_tflops:.2f} s"
+                 for d in faster]
+        data["predictions"] = preds
+        return _fired("faster-gpu-will-help", "low", "A card with more FLOPS would cut the TTFT",
+                      f"prefill runs at {ph.prefill_tok_s:,.0f} tok/s, near the"
+                      f" {ph.prefill_ceiling_tok_s:,.0f} tok/s the device's FLOPS allow, and it is"
+                      f" most of the {ph.ttft_s:.2f} s TTFT: prefill is compute-bound",
+                      data, [_how(ev, "faster_compute"), *preds])
+    frac = ph.decode_fraction or 0.0
+    wider = _alternatives(ev, "mem_bandwidth_gb_s", hw.mem_bandwidth_gb_s)
+    preds = [f"{d.name} ({d.mem_bandwidth_gb_s:,.0f} GB/s): decode ceiling"
+             f" {d.mem_bandwidth_gb_s * 1e9 / step_bytes:,.0f} tok/s" for d in wider]
+    data["predictions"] = preds
+    if frac >= NEAR_CEILING:
+        return _fired("bigger-gpu-wont-help", "low", "More FLOPS will not stream faster",
+                      f"decode is at {_pct(frac)} of the bandwidth ceiling: only more bandwidth"
+                      " raises it; a card with more compute and the same bandwidth would not",
+                      data, [_how(ev, "more_bandwidth"), *preds])
+    return _clear("bigger-gpu-wont-help", "More FLOPS will not stream faster",
+                  f"decode is at {_pct(frac)} of its ceiling and prefill is not compute-bound:"
+                  " the serving stack, not the hardware, is the first thing to change", data)
+
+
+# ------------------------------------------------------------------------------ disaggregation
+
+
+def disaggregation(ev: Evidence) -> Finding:
+    rid, title = "disaggregation", "Separate prefill and decode workers?"
+    interference = [i for i in ev.interference if i.max_gap_during_s is not None]
+    data: dict[str, Any] = {"devices": ev.server.devices}
+    if not interference:
+        return _missing(rid, title, "the interference experiment (how much prefill stalls"
+                        " decode)")
+    best = min(interference, key=lambda i: i.max_gap_during_s or 0.0)
+    data["smallest_stall_s"] = best.max_gap_during_s
+    if ev.server.devices <= 1:
+        return Finding(rid, "fired", "info", title,
+                       f"on {ev.server.devices} device, splitting prefill from decode would set the"
+                       " device against itself and turn a pointer into a copy of the KV cache;"
+                       f" the smallest stall measured was {best.max_gap_during_s:.2f} s"
+                       + (f" (with {best.label})" if best.label else "") +
+                       ". Chunked prefill gives nearly the same isolation with one flag", data,
+                       (_how(ev, "smaller_prefill_chunks"),))
+    ratio = _stall_ratio(best)
+    if ratio is not None and ratio >= STALL_FACTOR:
+        return _fired(rid, "low", title,
+                      f"with {ev.server.devices} devices and stalls of"
+                      f" {best.max_gap_during_s:.2f} s that the prefill budget does not remove,"
+                      " dedicated prefill and decode workers can pay off under steady traffic",
+                      data, [_how(ev, "disaggregate")])
+    return _clear(rid, title, "prefill stalls are small: disaggregation has little to win", data)
+
+
+RULES: tuple[Callable[[Evidence], Finding], ...] = (
+    decode_near_ceiling,
+    decode_far_below_ceiling,
+    prefix_cache_off,
+    long_prompt,
+    queueing_capacity,
+    queueing_scheduler,
+    preemption,
+    prefill_interference,
+    long_context_decode,
+    tail_latency_batching,
+    cold_start,
+    gpu_upgrade,
+    disaggregation,
+)
+
+
+def diagnose(ev: Evidence) -> list[Finding]:
+    """Every rule's finding: fired first (most severe first), then clear, then insufficient."""
+    findings = [rule(ev) for rule in RULES]
+    status_order = {"fired": 0, "clear": 1, "insufficient": 2}
+    return sorted(findings, key=lambda f: (status_order[f.status], SEVERITY_ORDER[f.severity]))

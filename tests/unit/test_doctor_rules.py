@@ -1,0 +1,279 @@
+"""Every rule of the doctor on hand-made evidence: fired, clear, and not enough evidence."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pdscope.doctor.evidence import (
+    ContextEvidence,
+    Evidence,
+    HardwareEvidence,
+    InterferenceEvidence,
+    LoadEvidence,
+    LoadLevel,
+    PhaseEvidence,
+    PrefixEvidence,
+    QueueEvidence,
+    ServerEvidence,
+    SweepEvidence,
+)
+from pdscope.doctor.rules import (
+    RULES,
+    cold_start,
+    decode_far_below_ceiling,
+    decode_near_ceiling,
+    diagnose,
+    disaggregation,
+    gpu_upgrade,
+    long_context_decode,
+    long_prompt,
+    preemption,
+    prefill_interference,
+    prefix_cache_off,
+    queueing_capacity,
+    queueing_scheduler,
+    tail_latency_batching,
+)
+
+VLLM = ServerEvidence(kind="vllm", version="0.32.0", model="m")
+# An 8B model at 16 bits on an H100 SXM: 16 GB a token, 3,350 GB/s, ceiling 209 tok/s.
+H100 = HardwareEvidence(device="NVIDIA H100 SXM", measured=False, mem_bandwidth_gb_s=3350,
+                        peak_tflops=989.4, weight_bytes_read=16e9, weight_bytes=16e9,
+                        kv_bytes_per_token=131072, parameters=8e9, active_parameters=8e9,
+                        bytes_per_weight=2.0, device_id="h100-sxm")
+CEILING = 3350 / 16
+
+
+def phases(decode: float, **kw: object) -> PhaseEvidence:
+    base = dict(prompt_tokens=2000, output_tokens=128, ttft_s=0.5, prefill_tok_s=4000.0,
+                decode_tok_s=decode, itl_p50_s=1 / decode, itl_p99_s=1.2 / decode,
+                cold_ttft_s=0.6, decode_ceiling_tok_s=CEILING, prefill_ceiling_tok_s=60000.0,
+                kv_share_of_step=0.02, context=2064, runs=5)
+    base.update(kw)
+    return PhaseEvidence(**base)  # type: ignore[arg-type]
+
+
+def ev(**kw: object) -> Evidence:
+    return Evidence(server=VLLM, **kw)  # type: ignore[arg-type]
+
+
+# --- decode against its ceiling -----------------------------------------------------------------
+
+
+def test_decode_near_the_ceiling_fires_with_the_predicted_gain_of_quantizing() -> None:
+    f = decode_near_ceiling(ev(hardware=H100, phases=phases(190.0)))
+    assert f.fired and f.severity == "high"
+    assert f.evidence["fraction"] == pytest.approx(190 / CEILING)
+    # 16 GB -> 8 GB a token doubles the ceiling; 4 bits quadruples it.
+    assert f.evidence["ceiling_at_8_bits_tok_s"] == pytest.approx(2 * CEILING, rel=0.01)
+    assert f.evidence["ceiling_at_4_bits_tok_s"] == pytest.approx(4 * CEILING, rel=0.01)
+    assert any("--quantization" in a for a in f.advice)
+    assert decode_far_below_ceiling(ev(hardware=H100, phases=phases(190.0))).status == "clear"
+
+
+def test_decode_far_below_the_ceiling_points_at_the_stack() -> None:
+    f = decode_far_below_ceiling(ev(hardware=H100, phases=phases(40.0)))
+    assert f.fired and "stack" in f.title
+    assert f.evidence["fraction"] == pytest.approx(40 / CEILING)
+    assert decode_near_ceiling(ev(hardware=H100, phases=phases(40.0))).status == "clear"
+
+
+def test_decode_rules_need_a_ceiling() -> None:
+    no_ceiling = phases(100.0, decode_ceiling_tok_s=None)
+    for rule in (decode_near_ceiling, decode_far_below_ceiling):
+        assert rule(ev(phases=no_ceiling)).status == "insufficient"
+        assert rule(ev()).status == "insufficient"
+
+
+# --- prefix cache -------------------------------------------------------------------------------
+
+SWEEP = SweepEvidence(prompt_tokens=(200, 500, 1000, 2000), ttft_s=(0.17, 0.35, 0.65, 1.25),
+                      decode_tok_s=(60, 59, 58, 57), a_s=0.05, b_s_per_token=0.0006,
+                      c_s_per_token2=None, r2=0.999, decode_rate_change=0.05)
+
+
+def test_prefix_cache_off_fires_with_the_saving_it_misses() -> None:
+    off = PrefixEvidence(prefix_tokens=1500, suffix_tokens=100, cold_ttft_s=1.0, warm_ttft_s=0.98,
+                         unique_ttft_s=1.01, detected=False)
+    f = prefix_cache_off(ev(prefix=off, sweep=SWEEP))
+    assert f.fired
+    # The suffix alone would take a + b x 100 = 0.11 s: the cache would save 1.01 - 0.11 s.
+    assert f.evidence["missing_saving_s"] == pytest.approx(1.01 - 0.11)
+    assert any("--enable-prefix-caching" in a for a in f.advice)
+    # Without a sweep, the prefix's share of the prompt estimates it.
+    f2 = prefix_cache_off(ev(prefix=off))
+    assert f2.evidence["missing_saving_s"] == pytest.approx(1.01 * 1500 / 1600)
+
+
+def test_prefix_cache_on_is_clear_and_missing_experiment_is_insufficient() -> None:
+    on = PrefixEvidence(prefix_tokens=1500, suffix_tokens=100, cold_ttft_s=1.0, warm_ttft_s=0.15,
+                        unique_ttft_s=1.0, detected=True, cached_tokens=1488)
+    assert prefix_cache_off(ev(prefix=on)).status == "clear"
+    assert prefix_cache_off(ev()).status == "insufficient"
+
+
+# --- long prompt --------------------------------------------------------------------------------
+
+
+def test_long_prompt_fires_when_prefill_dominates_the_ttft() -> None:
+    f = long_prompt(ev(sweep=SWEEP, phases=phases(60.0, prompt_tokens=2000)))
+    assert f.fired
+    assert f.evidence["prefill_share_of_ttft"] == pytest.approx(1.2 / 1.25)
+    short = long_prompt(ev(sweep=replace(SWEEP, a_s=2.0), phases=phases(60.0, prompt_tokens=200)))
+    assert short.status == "clear"  # 0.12 s of prefill against a fixed 2 s
+    assert long_prompt(ev(sweep=SWEEP)).status == "insufficient"
+
+
+# --- queueing -----------------------------------------------------------------------------------
+
+
+def queue(waiting: float, kv: float | None, kind: str | None, pre: float = 0.0) -> QueueEvidence:
+    return QueueEvidence(max_waiting=waiting, kv_usage_at_max_waiting=kv,
+                         waiting_for_capacity=waiting, preemptions=pre, queueing=kind, windows=10)
+
+
+def test_queueing_capacity_fires_on_a_full_pool_only() -> None:
+    full = ev(queue=queue(12, 0.97, "capacity"))
+    f = queueing_capacity(full)
+    assert f.fired and f.severity == "high" and f.evidence["kv_usage"] == 0.97
+    assert queueing_scheduler(full).status == "clear"
+
+
+def test_queueing_scheduler_fires_with_memory_to_spare() -> None:
+    roomy = ev(queue=queue(30, 0.05, "scheduler"))
+    f = queueing_scheduler(roomy)
+    assert f.fired and "--max-num-seqs" in " ".join(f.advice)
+    assert queueing_capacity(roomy).status == "clear"
+
+
+def test_no_waiting_is_clear_and_unknown_kv_usage_is_insufficient() -> None:
+    idle = ev(queue=queue(0, 0.1, "none"))
+    assert queueing_capacity(idle).status == queueing_scheduler(idle).status == "clear"
+    llamacpp = ev(queue=queue(3, None, None))
+    assert queueing_capacity(llamacpp).status == "insufficient"
+    assert queueing_scheduler(ev()).status == "insufficient"
+
+
+def test_preemption() -> None:
+    f = preemption(ev(queue=queue(5, 0.99, "capacity", pre=4)))
+    assert f.fired and f.evidence["preemptions"] == 4
+    assert any("fewer" in a and "--max-num-seqs" in a for a in f.advice)
+    assert preemption(ev(queue=queue(0, 0.2, "none"))).status == "clear"
+    assert preemption(ev()).status == "insufficient"
+
+
+# --- prefill interference -----------------------------------------------------------------------
+
+
+def inj(gap: float, budget: int | None = None, label: str = "") -> InterferenceEvidence:
+    return InterferenceEvidence(streams=4, inject_tokens=1800, p99_before_s=0.03,
+                                p99_during_s=gap / 2, max_gap_during_s=gap,
+                                budget_tokens=budget, label=label)
+
+
+def test_prefill_interference_fires_on_a_long_stall() -> None:
+    f = prefill_interference(ev(interference=(inj(3.6),)))
+    assert f.fired and f.evidence["max_gap_s"] == 3.6
+    assert "--max-num-batched-tokens" in " ".join(f.advice)
+    assert prefill_interference(ev(interference=(inj(0.05),))).status == "clear"
+    assert prefill_interference(ev()).status == "insufficient"
+
+
+def test_prefill_interference_says_which_budget_did_better_with_numbers() -> None:
+    runs = (inj(3.6, 4096, "--max-num-batched-tokens 4096"),
+            inj(0.7, 256, "--max-num-batched-tokens 256"))
+    f = prefill_interference(ev(interference=runs))
+    assert "--max-num-batched-tokens 256" in f.reason
+    assert "0.70 s" in f.reason and "3.60 s" in f.reason
+    assert "smaller prefill budget did better" in f.reason
+
+
+# --- context, load, cold start ------------------------------------------------------------------
+
+
+def test_long_context_decode() -> None:
+    f = long_context_decode(ev(phases=phases(150.0, kv_share_of_step=0.45, context=60000),
+                               context=ContextEvidence((1000, 60000), (200, 150), 2e-7, 1.9e-7)))
+    assert f.fired and f.evidence["kv_share_of_step"] == 0.45
+    assert f.evidence["measured_slope_s_per_token"] == 2e-7
+    assert long_context_decode(ev(phases=phases(150.0))).status == "clear"
+    assert long_context_decode(ev(phases=phases(150.0, kv_share_of_step=None))).status == (
+        "insufficient")
+
+
+def test_tail_latency_under_batching() -> None:
+    levels = (LoadLevel(1, 20, 0, 1.0, 60, 0.2, 0.3, 0.016, 0.02),
+              LoadLevel(16, 80, 0, 4.0, 400, 1.0, 3.0, 0.04, 0.5))
+    f = tail_latency_batching(ev(load=LoadEvidence(levels)))
+    assert f.fired and f.evidence["concurrency"] == 16
+    assert f.evidence["ratio"] == pytest.approx(0.5 / 0.04)
+    calm = LoadEvidence((levels[0],))
+    assert tail_latency_batching(ev(load=calm)).status == "clear"
+    assert tail_latency_batching(ev()).status == "insufficient"
+
+
+def test_cold_start() -> None:
+    f = cold_start(ev(phases=phases(60.0, cold_ttft_s=6.3, ttft_s=0.3)))
+    assert f.fired and f.evidence["cold_ttft_s"] == 6.3
+    assert cold_start(ev(phases=phases(60.0, cold_ttft_s=0.4, ttft_s=0.3))).status == "clear"
+    assert cold_start(ev(phases=phases(60.0, cold_ttft_s=None))).status == "insufficient"
+
+
+# --- hardware -----------------------------------------------------------------------------------
+
+
+def test_bigger_gpu_wont_help_when_decode_is_bandwidth_bound() -> None:
+    f = gpu_upgrade(ev(hardware=H100, phases=phases(195.0, prefill_tok_s=4000.0)))
+    assert f.id == "bigger-gpu-wont-help" and f.fired
+    # The table's cards with at least 1.5x the bandwidth, and their ceilings for this model.
+    assert any("B200" in p for p in f.evidence["predictions"])
+
+
+def test_faster_gpu_will_help_when_prefill_is_compute_bound_and_dominates() -> None:
+    l40s = replace(H100, device="NVIDIA L40S", mem_bandwidth_gb_s=864, peak_tflops=362.05)
+    p = phases(30.0, decode_ceiling_tok_s=54.0, prefill_tok_s=20000.0,
+               prefill_ceiling_tok_s=22000.0, ttft_s=0.1, prompt_tokens=2000)
+    f = gpu_upgrade(ev(hardware=l40s, phases=p, sweep=SWEEP))
+    assert f.id == "faster-gpu-will-help" and f.fired
+    assert f.evidence["predictions"]
+
+
+def test_disaggregation_on_one_device_says_it_does_not_pay() -> None:
+    f = disaggregation(ev(interference=(inj(0.7, 256, "--max-num-batched-tokens 256"),)))
+    assert f.fired and f.severity == "info"
+    assert "Chunked prefill" in f.reason and "0.70 s" in f.reason
+    many = Evidence(server=replace(VLLM, devices=8), interference=(inj(3.0),))
+    assert disaggregation(many).severity == "low"
+    assert disaggregation(ev()).status == "insufficient"
+
+
+# --- the whole doctor ---------------------------------------------------------------------------
+
+
+def test_diagnose_runs_every_rule_and_ranks_fired_findings_first() -> None:
+    full = ev(hardware=H100, phases=phases(190.0, cold_ttft_s=5.0, ttft_s=0.5), sweep=SWEEP,
+              queue=queue(12, 0.97, "capacity", pre=2), interference=(inj(3.6),))
+    findings = diagnose(full)
+    assert len(findings) == len(RULES)
+    statuses = [f.status for f in findings]
+    assert statuses == sorted(statuses, key={"fired": 0, "clear": 1, "insufficient": 2}.get)
+    fired = [f for f in findings if f.fired]
+    assert fired[0].severity == "high"
+    assert {"decode-near-ceiling", "queueing-capacity", "preemption", "cold-start"} <= {
+        f.id for f in fired}
+    assert all(f.to_json()["advice"] is not None for f in findings)
+
+
+def test_with_no_evidence_every_rule_says_what_it_lacks() -> None:
+    findings = diagnose(ev())
+    assert all(f.status == "insufficient" for f in findings)
+    assert all(f.reason.startswith("not enough evidence") for f in findings)
+
+
+def test_advice_follows_the_server_family() -> None:
+    ollama = Evidence(server=ServerEvidence(kind="ollama"), queue=queue(5, 0.95, "capacity"))
+    f = queueing_capacity(ollama)
+    assert any("OLLAMA_KV_CACHE_TYPE" in a for a in f.advice)
+    assert not any("--gpu-memory-utilization" in a for a in f.advice)
