@@ -117,6 +117,7 @@ def summarize_stage(run: StageRun, slo: SLO | None = None) -> dict[str, Any]:
         "stage": run.stage.to_json(),
         "started_at": run.started_wall,
         "duration_s": duration,
+        "duration": duration,  # vllm bench serve's name
         "interrupted": run.interrupted,
         "sent": len(measured),
         "warmup_requests": len(run.finished) - len(measured),
