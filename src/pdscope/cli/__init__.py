@@ -11,11 +11,28 @@ import sys
 from collections.abc import Sequence
 
 from pdscope import __version__
-from pdscope.cli import bench, ceiling, demo, devices, kv, lab, probe, selftest, watch
+from pdscope.cli import (
+    bench,
+    ceiling,
+    context,
+    demo,
+    devices,
+    interference,
+    kv,
+    lab,
+    prefix,
+    probe,
+    selftest,
+    sweep,
+    watch,
+)
 from pdscope.cli.common import CliParser, print_error
 from pdscope.errors import PdscopeError
 
-COMMANDS = (demo, probe, bench, ceiling, kv, devices, lab, watch, selftest)
+COMMANDS = (
+    demo, probe, sweep, context, prefix, interference, bench, ceiling, kv, devices, lab, watch,
+    selftest,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,45 +1,20 @@
 """Charts as inline SVG: a report that opens anywhere, with no network and no script.
 
-One function, :func:`chart`, draws lines and points on linear axes with ticks, a legend, and
-optional shaded bands (the window of an injected prefill, say). Numbers in, a string out.
+One function, :func:`chart`, draws an experiment's chart data
+(:class:`pdscope.experiments.common.Chart`: lines, points or bars on linear axes, with shaded
+spans such as the window of an injected prefill) with ticks and a legend. Numbers in, a string
+out.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from html import escape
 
+from pdscope.experiments.common import Chart
+
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563")
-
-
-@dataclass(frozen=True)
-class Series:
-    label: str
-    points: Sequence[tuple[float, float]]
-    kind: str = "line"  # "line", "points" or "both"
-    dashed: bool = False
-    color: str | None = None
-
-
-@dataclass(frozen=True)
-class Band:
-    x0: float
-    x1: float
-    label: str = ""
-    color: str = "#fde68a"
-
-
-@dataclass(frozen=True)
-class Chart:
-    title: str
-    x_label: str
-    y_label: str
-    series: Sequence[Series]
-    bands: Sequence[Band] = field(default_factory=tuple)
-    y_min: float | None = 0.0
-    note: str = ""
+BAND_COLOR = "#fde68a"
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -75,23 +50,30 @@ def _fmt(v: float) -> str:
 
 def chart(c: Chart, width: int = 640, height: int = 340) -> str:
     """The chart as an ``<svg>`` element. Empty data gives a chart that says so."""
-    pts = [p for s in c.series for p in s.points if all(map(math.isfinite, p))]
+    series = [(s, [(x, y) for x, y in zip(s.x, s.y, strict=True)
+                   if y is not None and math.isfinite(x) and math.isfinite(y)])
+              for s in c.series]
+    pts = [p for _, good in series for p in good]
     left, right, top, bottom = 64, 16, 36, 48
     pw, ph = width - left - right, height - top - bottom
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {width} {height}"'
-           f' width="{width}" height="{height}" role="img" aria-label="{escape(c.title)}">',
-           f'<text x="{left}" y="20" class="chart-title">{escape(c.title)}</text>']  # fmt: skip
+           f' width="{width}" height="{height}" role="img" aria-label="{escape(c.title)}"'
+           f' data-chart="{escape(c.id)}">',
+           f'<text x="{left}" y="20" class="chart-title">{escape(c.title)}</text>']
     if not pts:
         out.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle"'
-                   ' class="chart-empty">no data</text></svg>')  # fmt: skip
+                   ' class="chart-empty">no data</text></svg>')
         return "".join(out)
-    xs = [p[0] for p in pts] + [b.x0 for b in c.bands] + [b.x1 for b in c.bands]
+    bars = c.categories is not None
+    xs = [p[0] for p in pts] + [b.start for b in c.spans] + [b.end for b in c.spans]
     ys = [p[1] for p in pts]
-    x_lo, x_hi = min(xs), max(xs)
-    y_lo = c.y_min if c.y_min is not None else min(ys)
-    y_hi = max(ys)
-    xt, yt = nice_ticks(x_lo, x_hi), nice_ticks(min(y_lo, min(ys)), y_hi)
-    x_lo, x_hi = min(xt[0], x_lo), max(xt[-1], x_hi)
+    if bars:
+        xt = [float(i) for i in range(len(c.categories or ()))]
+        x_lo, x_hi = -0.6, len(xt) - 0.4
+    else:
+        xt = nice_ticks(min(xs), max(xs))
+        x_lo, x_hi = min(xt[0], min(xs)), max(xt[-1], max(xs))
+    yt = nice_ticks(min(0.0, min(ys)), max(ys))
     y_lo, y_hi = yt[0], yt[-1]
 
     def sx(x: float) -> float:
@@ -100,52 +82,54 @@ def chart(c: Chart, width: int = 640, height: int = 340) -> str:
     def sy(y: float) -> float:
         return top + ph - (y - y_lo) / ((y_hi - y_lo) or 1) * ph
 
-    for b in c.bands:
-        out.append(f'<rect x="{sx(b.x0):.1f}" y="{top}" width="{max(1.0, sx(b.x1) - sx(b.x0)):.1f}"'
-                   f' height="{ph}" fill="{b.color}" opacity="0.6"/>')  # fmt: skip
-        if b.label:
-            out.append(f'<text x="{sx(b.x0) + 3:.1f}" y="{top + 12}" class="band-label">'
-                       f"{escape(b.label)}</text>")  # fmt: skip
+    for b in c.spans:
+        out.append(f'<rect x="{sx(b.start):.1f}" y="{top}" width="'
+                   f'{max(1.0, sx(b.end) - sx(b.start)):.1f}" height="{ph}" fill="{BAND_COLOR}"'
+                   ' opacity="0.6" class="span"/>')
+        if b.name:
+            out.append(f'<text x="{sx(b.start) + 3:.1f}" y="{top + 12}" class="band-label">'
+                       f"{escape(b.name)}</text>")
     for t in yt:
         y = sy(t)
         out.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
                    f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">'
-                   f"{_fmt(t)}</text>")  # fmt: skip
-    for t in xt:
+                   f"{_fmt(t)}</text>")
+    for i, t in enumerate(xt):
         x = sx(t)
+        label = (c.categories or ())[i] if bars else _fmt(t)
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top + ph}" y2="{top + ph + 4}"'
                    f' class="axis"/><text x="{x:.1f}" y="{top + ph + 18}" text-anchor="middle"'
-                   f' class="tick">{_fmt(t)}</text>')  # fmt: skip
+                   f' class="tick">{escape(label)}</text>')
     out.append(f'<line x1="{left}" x2="{left + pw}" y1="{top + ph}" y2="{top + ph}" class="axis"/>'
                f'<line x1="{left}" x2="{left}" y1="{top}" y2="{top + ph}" class="axis"/>')
     out.append(f'<text x="{left + pw / 2}" y="{height - 8}" text-anchor="middle"'
-               f' class="axis-label">{escape(c.x_label)}</text>')  # fmt: skip
+               f' class="axis-label">{escape(c.x_label)}</text>')
     out.append(f'<text transform="translate(14,{top + ph / 2}) rotate(-90)"'
-               f' text-anchor="middle" class="axis-label">{escape(c.y_label)}</text>')  # fmt: skip
-    for i, s in enumerate(c.series):
-        color = s.color or PALETTE[i % len(PALETTE)]
-        good = [(x, y) for x, y in s.points if math.isfinite(x) and math.isfinite(y)]
+               f' text-anchor="middle" class="axis-label">{escape(c.y_label)}</text>')
+    for i, (s, good) in enumerate(series):
+        color = PALETTE[i % len(PALETTE)]
         if not good:
             continue
-        if s.kind in ("line", "both") and len(good) > 1:
+        if s.kind == "bar":
+            w = pw / max(1, len(xt)) * 0.6
+            out.extend(f'<rect x="{sx(x) - w / 2:.1f}" y="{sy(y):.1f}" width="{w:.1f}"'
+                       f' height="{max(0.0, sy(0) - sy(y)):.1f}" fill="{color}" class="bar"/>'
+                       for x, y in good)
+        elif s.kind == "line" and len(good) > 1:
             path = " ".join(f"{'M' if j == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}"
-                            for j, (x, y) in enumerate(good))  # fmt: skip
-            dash = ' stroke-dasharray="6 4"' if s.dashed else ""
+                            for j, (x, y) in enumerate(good))
+            dash = ' stroke-dasharray="6 4"' if "ceiling" in s.name.lower() else ""
             out.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="2"{dash}'
-                       f' class="series" data-label="{escape(s.label)}"/>')  # fmt: skip
-        if s.kind in ("points", "both"):
+                       f' class="series" data-label="{escape(s.name)}"/>')
+        else:
             r = 2.2 if len(good) > 200 else 3.5
             out.extend(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="{r}" fill="{color}"'
-                       ' class="point"/>' for x, y in good)  # fmt: skip
-    # Legend, top right.
+                       ' class="point"/>' for x, y in good)
     lx, ly = left + pw - 6, top + 8
-    for i, s in enumerate(c.series):
-        color = s.color or PALETTE[i % len(PALETTE)]
+    for i, (s, _) in enumerate(series):
         y = ly + i * 16
-        out.append(f'<rect x="{lx - 12}" y="{y - 8}" width="10" height="10" fill="{color}"/>'
-                   f'<text x="{lx - 16}" y="{y + 1}" text-anchor="end" class="legend">'
-                   f"{escape(s.label)}</text>")  # fmt: skip
+        out.append(f'<rect x="{lx - 12}" y="{y - 8}" width="10" height="10"'
+                   f' fill="{PALETTE[i % len(PALETTE)]}"/><text x="{lx - 16}" y="{y + 1}"'
+                   f' text-anchor="end" class="legend">{escape(s.name)}</text>')
     out.append("</svg>")
-    if c.note:
-        out.append(f'<p class="chart-note">{escape(c.note)}</p>')
     return "".join(out)

@@ -1,0 +1,49 @@
+"""pdscope prefix on the lab's vLLM, started with its defaults: prefix caching on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from pdscope import lab
+
+pytestmark = pytest.mark.lab
+
+
+def pdscope_json(*args: str) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-m", "pdscope", *args, "--json"],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def test_vllm_skips_the_prefill_of_a_repeated_system_prompt(vllm_server: lab.LabServer) -> None:
+    out = pdscope_json("prefix", vllm_server.url, "--prefix-tokens", "1500",
+                       "--suffix-tokens", "100", "--requests", "3")
+    assert out["server"] == "vllm" and out["prompt_tokens"] == 1600
+    assert out["prefix_cache_detected"] is True
+    # The cache saves most of the prefill: warm requests wait well under half of a unique one.
+    assert out["ttft_saved_s"] > 0
+    assert out["ttft_a_warm_s"] < 0.5 * out["ttft_b_s"]
+    # vLLM 0.32 leaves cached_tokens out of usage by default: the count comes from /metrics.
+    cached = out["cached_tokens"]
+    assert cached["source"] == "metrics"
+    assert cached["metric"] == "vllm:prefix_cache_hits_total"
+    # Whole cache blocks of the prefix are hit (128 tokens a block on CPU: 1,408 of 1,500).
+    assert 0.8 * 1500 <= cached["a_warm_median"] <= 1500
+    assert cached["a_cold"] == 0 and cached["b_median"] == 0
+    assert out["server_reports_hits"] is True
+
+
+def test_a_chat_system_message_is_cached_too(vllm_server: lab.LabServer) -> None:
+    out = pdscope_json("prefix", vllm_server.url, "--api", "openai-chat", "--prefix-tokens",
+                       "1000", "--suffix-tokens", "50", "--requests", "2")
+    assert out["api"] == "openai-chat"
+    assert out["prompt_tokens"] > 1050  # the chat template adds its own tokens
+    assert out["prefix_cache_detected"] is True
+    assert out["cached_tokens"]["a_warm_median"] >= 0.8 * 1000
