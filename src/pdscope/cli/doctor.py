@@ -1,0 +1,136 @@
+"""pdscope doctor: the article's experiments, a ranked diagnosis, and a report."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from pdscope.cli.common import command_parser, console, err_console, print_json, run_async
+from pdscope.cli.server_args import add_server_args, api_key
+from pdscope.doctor.report import phase_cards
+from pdscope.doctor.run import DoctorConfig, DoctorRun, run_doctor, write_run
+from pdscope.errors import InputError
+from pdscope.load.results import default_run_dir
+
+EXAMPLES = """
+  pdscope doctor http://127.0.0.1:28100 --quick      the lab's vLLM, in under a minute
+  pdscope doctor http://127.0.0.1:28100 --out runs/a  everything, report in runs/a/report.html
+  pdscope doctor http://gpu-box:8000 --device h100-sxm --model-config Llama-3.1-8B/config.json
+  pdscope doctor URL --slo ttft:500,itl:50            how many users within these objectives
+  pdscope doctor URL --compare-with runs/a            set this run's prefill stalls beside a's
+"""
+
+SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "blue"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = command_parser(
+        sub,
+        "doctor",
+        "run the article's experiments and say what to change, with the numbers",
+        "Probes both phases beside the hardware's ceiling, sweeps the prompt length, tests the\n"
+        "prefix cache, injects a long prompt into running streams, follows decode as the\n"
+        "context fills, and loads the server at a few concurrencies with its /metrics recorded.\n"
+        "Then a set of rules turns the evidence into ranked findings, each with the numbers\n"
+        "behind it and the setting to change on this server. Writes evidence.json,\n"
+        "findings.json and a self-contained report.html to --out.",
+        EXAMPLES,
+    )
+    add_server_args(p)
+    p.add_argument("--quick", action="store_true",
+                   help="fewer runs, no context sweep: under a minute on the lab")
+    p.add_argument("--slo", default="ttft:2000,itl:200", metavar="ttft:MS,itl:MS",
+                   help="objectives for the capacity sweep (default ttft:2000,itl:200)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default runs/doctor-DATE-TIME)")
+    p.add_argument("--compare-with", action="append", default=[], metavar="DIR",
+                   help="an earlier doctor --out folder: set its prefill stalls beside these")
+    p.add_argument("--json", action="store_true", help="print the findings and evidence as JSON")
+    p.set_defaults(handler=run)
+
+
+def parse_slo(text: str) -> tuple[float, float]:
+    limits = {"ttft": 2000.0, "itl": 200.0}
+    for part in text.split(","):
+        name, _, value = part.partition(":")
+        name = name.strip().lower()
+        if name not in limits:
+            raise InputError(f"bad --slo {part!r}: use ttft:MS,itl:MS")
+        try:
+            limits[name] = float(value)
+        except ValueError:
+            raise InputError(f"bad --slo {part!r}: the limit is in milliseconds") from None
+        if limits[name] <= 0:
+            raise InputError(f"bad --slo {part!r}: the limit must be positive")
+    return limits["ttft"], limits["itl"]
+
+
+def run(args: argparse.Namespace) -> int:
+    ttft_ms, itl_ms = parse_slo(args.slo)
+    out = Path(args.out) if args.out else default_run_dir("doctor")
+    config = DoctorConfig(
+        quick=args.quick, api=args.api, model=args.model, api_key=api_key(args),
+        device=args.device, model_config=args.model_config, slo_ttft_ms=ttft_ms,
+        slo_itl_ms=itl_ms, out=out, compare_with=tuple(Path(p) for p in args.compare_with),
+    )
+    t0 = time.monotonic()
+    with err_console.status("doctor: starting") as status:
+
+        def progress(step: str) -> None:
+            status.update(f"doctor: {step} [dim]({time.monotonic() - t0:.0f} s)[/dim]")
+
+        result = run_async(lambda: run_doctor(args.url, config, progress))
+    paths = write_run(result, out)
+    took = time.monotonic() - t0
+    if args.json:
+        print_json({
+            "findings": [f.to_json() for f in result.findings],
+            "evidence": result.evidence.to_json(),
+            "skipped": result.skipped,
+            "files": {k: str(v) for k, v in paths.items()},
+            "seconds": took,
+        })
+        return 0
+    show(result, paths, took)
+    return 0
+
+
+def show(run: DoctorRun, paths: dict[str, Path], took: float) -> None:
+    ev = run.evidence
+    console.print(f"[bold]pdscope doctor[/bold]: {ev.server.kind} {ev.server.version or ''} at"
+                  f" {ev.server.url}, model {ev.server.model}"
+                  + (f", flags {' '.join(ev.server.flags)}" if ev.server.flags else ""))
+    cards = phase_cards(run)
+    if cards:
+        table = Table(show_header=True, title_justify="left")
+        for c in cards:
+            table.add_column(c.name, ratio=1)
+        cells = []
+        for c in cards:
+            frac = c.fraction
+            line = (f"{c.rate:,.1f} of {c.ceiling:,.0f} {c.unit} allowed: {frac:.0%}"
+                    if frac is not None and c.rate is not None and c.ceiling else
+                    "ceiling unknown")
+            cells.append("\n".join([f"[bold]{c.headline}[/bold]", line, *c.lines]))
+        table.add_row(*cells)
+        console.print(table)
+    fired = [f for f in run.findings if f.fired]
+    console.print(f"\n[bold]What to change[/bold] ({len(fired)} findings, most important first)")
+    for i, f in enumerate(fired, 1):
+        style = SEVERITY_STYLE.get(f.severity, "")
+        console.print(f"{i}. [{style}]{f.title}[/] [dim]({f.id}, {f.severity})[/dim]")
+        console.print(f"   {f.reason}")
+        for a in f.advice:
+            console.print(f"   → {a}")
+    clear = [f.id for f in run.findings if f.status == "clear"]
+    missing = [f.id for f in run.findings if f.status == "insufficient"]
+    if clear:
+        console.print(f"\n[dim]checked and clear: {', '.join(clear)}[/dim]")
+    if missing:
+        console.print(f"[dim]not enough evidence: {', '.join(missing)}[/dim]")
+    for name, why in run.skipped.items():
+        console.print(f"[dim]skipped {name}: {why}[/dim]")
+    console.print(f"\nreport: {paths['report']}  (evidence.json, findings.json beside it;"
+                  f" {took:.0f} s)")

@@ -1,0 +1,67 @@
+"""pdscope doctor on the lab's vLLM: the findings follow the server's flags."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdscope import lab
+
+pytestmark = pytest.mark.lab
+
+
+def doctor(url: str, out: Path, *extra: str) -> dict[str, dict]:
+    r = subprocess.run([sys.executable, "-m", "pdscope", "doctor", url, "--quick", "--out",
+                        str(out), *extra], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    assert "What to change" in r.stdout and "report:" in r.stdout
+    return {f["id"]: f for f in json.loads((out / "findings.json").read_text())}
+
+
+@pytest.fixture(scope="module")
+def default_run(vllm_server: lab.LabServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("doctor-default")
+    doctor(vllm_server.url, out)
+    return out
+
+
+def test_default_vllm_caches_prefixes_and_queues_for_the_scheduler(default_run: Path) -> None:
+    findings = {f["id"]: f for f in json.loads((default_run / "findings.json").read_text())}
+    # Prefix caching is on by default: the doctor finds it and raises nothing.
+    assert findings["prefix-cache-off"]["status"] == "clear"
+    # Eight streams of 1,000-token prompts against a 2,048-token step budget: requests wait
+    # while the KV pool is nearly empty, which is the scheduler's queue, not a full pool.
+    assert findings["queueing-scheduler"]["status"] == "fired"
+    assert findings["queueing-scheduler"]["evidence"]["kv_usage"] < 0.9
+    assert findings["queueing-capacity"]["status"] == "clear"
+    # The decode rate is set beside this machine's measured bandwidth.
+    near, far = findings["decode-near-ceiling"], findings["decode-far-below-ceiling"]
+    assert "insufficient" not in (near["status"], far["status"])
+    assert (default_run / "report.html").stat().st_size > 10_000
+
+
+def test_without_prefix_caching_and_with_a_small_budget(
+    default_run: Path, lab_state: Path, tmp_path: Path
+) -> None:
+    flags = ["--no-enable-prefix-caching", "--max-num-batched-tokens", "256"]
+    with lab.running("vllm", port=0, extra_args=flags) as server:
+        findings = doctor(server.url, tmp_path, "--compare-with", str(default_run))
+    off = findings["prefix-cache-off"]
+    assert off["status"] == "fired"
+    # It says what the cache would save, from the measured TTFTs.
+    assert off["evidence"]["missing_saving_s"] > 0.2
+    assert "--enable-prefix-caching" in " ".join(off["advice"])
+    # Prefill interference, this server beside the default one: the small budget stalled the
+    # running streams for less, and the finding says so with both numbers.
+    inter = findings["prefill-interference"]
+    runs = {r["label"]: r["max_gap_s"] for r in inter["evidence"]["runs"]}
+    small = runs["--max-num-batched-tokens 256"]
+    large = runs["default budget (vLLM, 2048 tokens a step)"]
+    assert small < large
+    assert "--max-num-batched-tokens 256" in inter["reason"]
+    assert "smaller prefill budget did better" in inter["reason"]
+    assert f"{small:.2f} s" in inter["reason"] and f"{large:.2f} s" in inter["reason"]
