@@ -27,7 +27,7 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     start = math.floor(lo / step) * step
-    ticks = []
+    ticks: list[float] = []
     t = start
     while not ticks or ticks[-1] < hi:
         ticks.append(round(t, 12))
