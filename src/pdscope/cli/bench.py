@@ -249,7 +249,11 @@ def show(result: BenchResult) -> None:
         if sm and sm.get("ttft_p50_s") is not None:
             lo, hi = (sm.get("resolution") or {}).get("ttft_p50_s") or (None, None)
             bucket = f" (bucket {lo:g}–{hi:g} s)" if lo is not None and hi is not None else ""
-            extra.append(f"server's own TTFT p50 {sm['ttft_p50_s']:.3f} s{bucket}, queueing"
-                         f" {sm.get('queueing') or 'unknown'}")
+            peak = sm.get("peak") or {}
+            waited = (f"; at most {peak['num_requests_waiting']:.0f} waiting (KV"
+                      f" {peak['kv_cache_usage']:.0%}: {peak['queueing']})"
+                      if peak.get("num_requests_waiting") and peak.get("kv_cache_usage")
+                      is not None else "")
+            extra.append(f"server's own TTFT p50 {sm['ttft_p50_s']:.3f} s{bucket}{waited}")
         if extra:
             console.print(f"{s['stage']['name']}: " + "; ".join(extra))

@@ -27,8 +27,8 @@ def phase_cards(run: DoctorRun) -> list[PhaseCard]:
     if ph.itl_p50_s is not None and ph.itl_p99_s is not None:
         decode_lines.append(f"ITL p50 {seconds(ph.itl_p50_s)}, p99 {seconds(ph.itl_p99_s)}")
     if hw is not None:
-        decode_lines.append(f"{hw.device}: {hw.mem_bandwidth_gb_s:,.1f} GB/s"
-                            f"{' (measured)' if hw.measured else ''}, reading"
+        measured = " (measured)" if hw.measured and "measured" not in hw.device else ""
+        decode_lines.append(f"{hw.device}: {hw.mem_bandwidth_gb_s:,.1f} GB/s{measured}, reading"
                             f" {human_bytes(hw.weight_bytes_read)} of weights a token")
     return [
         PhaseCard("Prefill (time to first token)", f"{seconds(ph.ttft_s)} TTFT",

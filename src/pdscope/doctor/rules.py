@@ -15,6 +15,7 @@ from typing import Any
 
 from pdscope.doctor.advice import advice_for, family_of
 from pdscope.doctor.evidence import Evidence, InterferenceEvidence
+from pdscope.report.fmt import seconds
 
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
@@ -60,6 +61,22 @@ def _missing(rid: str, title: str, what: str) -> Finding:
 
 def _how(ev: Evidence, action: str) -> str:
     return advice_for(action, family_of(ev.server.kind)).how
+
+
+def _smaller_budget(ev: Evidence) -> str:
+    """Lower the prefill budget: a concrete value when the run knows the server's budget."""
+    budgets = [i for i in ev.interference if i.budget_tokens]
+    if not budgets:
+        return _how(ev, "smaller_prefill_chunks")
+    worst = max(budgets, key=lambda i: i.max_gap_during_s or 0.0)
+    assert worst.budget_tokens is not None
+    smaller = max(256, worst.budget_tokens // 4)
+    setting = advice_for("smaller_prefill_chunks", family_of(ev.server.kind)).setting
+    name = f" ({setting} {smaller})" if setting else ""
+    return (f"Lower the prefill budget from {worst.budget_tokens:,} to {smaller:,} tokens a"
+            f" step{name}: a {worst.inject_tokens:,}-token prompt is then cut into about"
+            f" {-(-worst.inject_tokens // smaller)} steps, and running streams get a token"
+            " between each, at some cost in TTFT.")
 
 
 def _pct(x: float) -> str:
@@ -321,13 +338,7 @@ def prefill_interference(ev: Evidence) -> Finding:
         return _clear(rid, title, f"the longest gap while a {worst.inject_tokens}-token prompt was"
                       f" prefilled was {worst.max_gap_during_s:.2f} s, within {STALL_FACTOR:g}x the"
                       " usual p99" + compare, data)
-    advice = [_how(ev, "smaller_prefill_chunks")]
-    if worst.budget_tokens:
-        smaller = max(256, worst.budget_tokens // 4)
-        advice.insert(0, f"This run used a prefill budget of {worst.budget_tokens:,} tokens a"
-                         f" step; try {smaller:,}: the {worst.inject_tokens:,}-token prompt is"
-                         f" then cut into about {-(-worst.inject_tokens // smaller)} steps, and"
-                         " the running streams get a token between each.")
+    advice = [_smaller_budget(ev)]
     return _fired(rid, "medium", title,
                   f"while a {worst.inject_tokens}-token prompt was prefilled, {worst.streams}"
                   f" running streams stopped for up to {worst.max_gap_during_s:.2f} s"
@@ -390,7 +401,7 @@ def tail_latency_batching(ev: Evidence) -> Finding:
                   f" {p99 * 1000:.0f} ms, {ratio:.1f}x the p50 of"
                   f" {p50 * 1000:.0f} ms: throughput rose, and every user waits for"
                   " the slowest part of a shared step", data,
-                  [_how(ev, "smaller_prefill_chunks"), _how(ev, "add_replicas")])
+                  [_smaller_budget(ev), _how(ev, "add_replicas")])
 
 
 # ------------------------------------------------------------------------------ cold start
@@ -418,13 +429,17 @@ def cold_start(ev: Evidence) -> Finding:
 # ------------------------------------------------------------------------------ hardware
 
 
-def _alternatives(ev: Evidence, key: str, better_than: float, n: int = 3) -> list[Any]:
+def _alternatives(ev: Evidence, key: str, better_than: float) -> list[Any]:
+    """Up to three cards of the device table with at least 1.5x the figure: the smallest such
+    step, one from the middle, and the largest, so the prediction spans the choice."""
     from pdscope.hardware import all_devices
 
     devices = [d for d in all_devices() if d.kind == "gpu" and getattr(d, key)]
-    devices = [d for d in devices if getattr(d, key) >= 1.5 * better_than]
-    devices.sort(key=lambda d: getattr(d, key))
-    return devices[:n]
+    devices = sorted((d for d in devices if getattr(d, key) >= 1.5 * better_than),
+                     key=lambda d: getattr(d, key))
+    if len(devices) <= 3:
+        return devices
+    return [devices[0], devices[len(devices) // 2], devices[-1]]
 
 
 def gpu_upgrade(ev: Evidence) -> Finding:
@@ -440,15 +455,18 @@ def gpu_upgrade(ev: Evidence) -> Finding:
                      and ph.prefill_tok_s >= 0.5 * ph.prefill_ceiling_tok_s)
     data: dict[str, Any] = {"device": hw.device, "mem_bandwidth_gb_s": hw.mem_bandwidth_gb_s,
                             "peak_tflops": hw.peak_tflops, "decode_fraction": ph.decode_fraction}
+    rate, ceiling = ph.prefill_tok_s or 0.0, ph.prefill_ceiling_tok_s or 1.0
     if prefill_bound and hw.peak_tflops and prefill_share is not None and prefill_share > 0.5:
         faster = _alternatives(ev, "bf16_tflops", hw.peak_tflops)
-        preds = [f"{d.name}: prefill about {ph.ttft_s * hw.peak_tflops / d.bf16_tflops:.2f} s"
+        preds = [f"{d.name} ({d.bf16_tflops:,.0f} dense TFLOPS): the prefill part of the TTFT"
+                 f" about {seconds(prefill_share * ph.ttft_s * hw.peak_tflops / d.bf16_tflops)}"
                  for d in faster]
         data["predictions"] = preds
         return _fired("faster-gpu-will-help", "low", "A card with more FLOPS would cut the TTFT",
-                      f"prefill runs at {ph.prefill_tok_s:,.0f} tok/s, near the"
-                      f" {ph.prefill_ceiling_tok_s:,.0f} tok/s the device's FLOPS allow, and it is"
-                      f" most of the {ph.ttft_s:.2f} s TTFT: prefill is compute-bound",
+                      f"prefill runs at {rate:,.0f} tok/s, {_pct(rate / ceiling)} of the"
+                      f" {ceiling:,.0f} tok/s the device's FLOPS allow, and it is"
+                      f" {_pct(prefill_share)} of the {ph.ttft_s:.2f} s TTFT: prefill is"
+                      " compute-bound",
                       data, [_how(ev, "faster_compute"), *preds])
     frac = ph.decode_fraction or 0.0
     wider = _alternatives(ev, "mem_bandwidth_gb_s", hw.mem_bandwidth_gb_s)
@@ -484,7 +502,7 @@ def disaggregation(ev: Evidence) -> Finding:
                        f" the smallest stall measured was {best.max_gap_during_s:.2f} s"
                        + (f" (with {best.label})" if best.label else "") +
                        ". Chunked prefill gives nearly the same isolation with one flag", data,
-                       (_how(ev, "smaller_prefill_chunks"),))
+                       (_smaller_budget(ev),))
     ratio = _stall_ratio(best)
     if ratio is not None and ratio >= STALL_FACTOR:
         return _fired(rid, "low", title,

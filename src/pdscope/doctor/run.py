@@ -10,7 +10,6 @@ say so. Nothing here judges: :func:`pdscope.doctor.rules.diagnose` does.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
@@ -47,7 +46,13 @@ from pdscope.experiments.probe import ProbeConfig, ProbeResult, is_loopback, run
 from pdscope.experiments.sweep import SweepConfig, SweepResult, run_sweep
 from pdscope.load.bench import BenchConfig, BenchResult, Workload, run_bench
 from pdscope.load.runner import Stage
-from pdscope.metrics import classify_queueing, detect_family, load_recording, make_window
+from pdscope.metrics import (
+    classify_queueing,
+    detect_family,
+    load_recording,
+    make_window,
+    peak_waiting_window,
+)
 from pdscope.workload.datasets import Lengths
 
 # Servers that answer one request at a time: concurrency experiments would only measure a queue.
@@ -245,13 +250,11 @@ def queue_evidence(metrics_path: Path) -> QueueEvidence | None:
     family = detect_family(snaps[-1].names)
     if family is None:
         return None
-    windows = [make_window(a, b, family) for a, b in itertools.pairwise(snaps)]
     whole = make_window(snaps[0], snaps[-1], family)
-    waiting = [w for w in windows if w.num_requests_waiting is not None]
-    if not waiting:
+    worst = peak_waiting_window(snaps, family)
+    if worst is None:
         return QueueEvidence(None, None, None, whole.preemptions, None,
-                             kv_usage_exported=False, windows=len(windows))
-    worst = max(waiting, key=lambda w: w.num_requests_waiting or 0.0)
+                             kv_usage_exported=False, windows=len(snaps) - 1)
     return QueueEvidence(
         max_waiting=worst.num_requests_waiting,
         kv_usage_at_max_waiting=worst.kv_cache_usage,
@@ -259,7 +262,7 @@ def queue_evidence(metrics_path: Path) -> QueueEvidence | None:
         preemptions=whole.preemptions,
         queueing=classify_queueing(worst),
         kv_usage_exported=worst.kv_cache_usage is not None,
-        windows=len(windows),
+        windows=len(snaps) - 1,
     )
 
 

@@ -21,7 +21,16 @@ from pdscope.errors import InputError, RunError
 from pdscope.load.results import RunFolder
 from pdscope.load.runner import ProgressFn, Stage, StageRun, run_stage
 from pdscope.load.summary import SLO, summarize_stage
-from pdscope.metrics import MetricsRecorder, Snapshot, detect_family, make_window, window_record
+from pdscope.metrics import (
+    MetricsRecorder,
+    Snapshot,
+    classify_queueing,
+    detect_family,
+    load_recording,
+    make_window,
+    peak_waiting_window,
+    window_record,
+)
 from pdscope.selftest.check import saved_capacity
 from pdscope.workload.datasets import (
     Lengths,
@@ -127,15 +136,26 @@ def _count_needed(stage: Stage) -> int:
     return POOL
 
 
-def server_window(before: Snapshot | None, after: Snapshot | None) -> dict[str, Any] | None:
+def server_window(before: Snapshot | None, after: Snapshot | None,
+                  recorder: MetricsRecorder | None = None) -> dict[str, Any] | None:
     """What the server's own /metrics say about a stage: the window between a scrape just
-    before it and one just after (the five names, percentiles with their bucket resolution)."""
+    before it and one just after (percentiles with their bucket resolution, counters), and,
+    from the scrapes recorded during it, the moment most requests waited (``peak``)."""
     if before is None or after is None:
         return None
     family = detect_family(after.names)
     if family is None:
         return None
-    return window_record(make_window(before, after, family))
+    out = window_record(make_window(before, after, family))
+    if recorder is not None:
+        snaps = [s for s in load_recording(recorder.path) if before.t <= s.t <= after.t]
+        peak = peak_waiting_window(snaps, family) if len(snaps) >= 2 else None
+        if peak is not None:
+            out["peak"] = {"num_requests_waiting": peak.num_requests_waiting,
+                           "num_requests_running": peak.num_requests_running,
+                           "kv_cache_usage": peak.kv_cache_usage,
+                           "queueing": classify_queueing(peak)}
+    return out
 
 
 def capacity_warning(summary: dict[str, Any], capacity: int | None) -> str | None:
@@ -219,7 +239,7 @@ async def run_bench(
                 summary = summarize_stage(run, config.slo)
                 summary.update(server=info.kind, model=target.model, api=target.api)
                 after = await recorder.scrape_once() if recorder is not None else None
-                summary["server_metrics"] = server_window(before, after)
+                summary["server_metrics"] = server_window(before, after, recorder)
                 runs.append(run)
                 summaries.append(summary)
                 for w in (lag_warning(summary), capacity_warning(summary, saved_capacity())):

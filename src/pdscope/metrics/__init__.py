@@ -28,6 +28,7 @@ from pdscope.metrics.recorder import (
     ThreadedMetricsRecorder,
     bracket,
     load_recording,
+    peak_waiting_window,
     read_recording,
     recording_window,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "make_window",
     "metrics_url",
     "parse_metrics",
+    "peak_waiting_window",
     "quantile",
     "read_recording",
     "recording_window",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import threading
 import time
@@ -299,3 +300,14 @@ def recording_window(
                 "give the family"
             )
     return make_window(before, after, family, model=model, engine=engine)
+
+
+def peak_waiting_window(snapshots: Sequence[Snapshot], family: MetricMap) -> Window | None:
+    """Of the windows between consecutive snapshots, the one that ended with the most
+    requests waiting (gauges are read at a window's end): the moment a run queued most.
+    ``None`` when the server exports no waiting gauge or there are fewer than two scrapes."""
+    windows = [make_window(a, b, family) for a, b in itertools.pairwise(snapshots)]
+    waiting = [w for w in windows if w.num_requests_waiting is not None]
+    if not waiting:
+        return None
+    return max(waiting, key=lambda w: w.num_requests_waiting or 0.0)
