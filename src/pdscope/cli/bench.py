@@ -64,6 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="streams (closed loop); a list sweeps: 1,4,16,64")
     g.add_argument("--max-concurrency", type=int, metavar="C",
                    help="open loop: at most C in flight; the wait is reported apart from TTFT")
+    g.add_argument("--ramp", type=float, default=0.0, metavar="S",
+                   help="closed loop: start the streams evenly over S seconds (default 0)")
     g.add_argument("--num-prompts", type=int, metavar="N", help="requests a stage")
     g.add_argument("--duration", type=float, metavar="S", help="seconds a stage")
     g.add_argument("--warmup", type=int, default=0, metavar="N",
@@ -117,7 +119,9 @@ def stages_from_args(args: argparse.Namespace) -> list[Stage]:
         return [Stage(request_rate=r, burstiness=args.burstiness,
                       max_concurrency=args.max_concurrency, **common)
                 for r in parse_rates(args.request_rate)]
-    return [Stage(concurrency=c, **common)
+    if args.ramp < 0:
+        raise InputError("--ramp must not be negative")
+    return [Stage(concurrency=c, ramp_s=args.ramp, **common)
             for c in parse_ints(args.concurrency, "--concurrency")]
 
 

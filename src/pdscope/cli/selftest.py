@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--itl-ms", type=float, default=10.0, help="the server's ITL (default 10)")
     p.add_argument("--ttft-ms", type=float, default=50.0, help="the server's TTFT (default 50)")
     p.add_argument("--output-tokens", type=int, default=100, help="tokens a request (100)")
+    p.add_argument("--burst", action="store_true",
+                   help="start every stream at once (default: spread over one request's length,"
+                   " as independent users arrive); a burst measures the server's backlog too")
     p.add_argument("--all-levels", action="store_true",
                    help="run every level even after one fails the 1 ms limit")
     p.add_argument("--serve", action="store_true",
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         return await run_selftest(
             levels, itl_s=args.itl_ms / 1000, ttft_s=args.ttft_ms / 1000,
             output_tokens=args.output_tokens, stop_after_failure=not args.all_levels,
+            ramp=not args.burst,
             progress=lambda c: err_console.print(f"[dim]concurrency {c}...[/dim]"),
         )
 

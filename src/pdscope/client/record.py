@@ -274,6 +274,7 @@ class RecordBuilder:
     connect_start_ns: int | None = None
     connect_s: float | None = None
     queued_start_ns: int | None = None
+    body_sent: bool = False  # t_send moved to the first body write
     pool_wait_s: float | None = None
     headers_received: bool = False
     http_status: int | None = None

@@ -47,6 +47,7 @@ class Stage:
     duration_s: float | None = None
     warmup: int = 0
     seed: int = 0
+    ramp_s: float = 0.0  # closed loop: start the streams evenly over this many seconds
 
     def __post_init__(self) -> None:
         if (self.request_rate is None) == (self.concurrency is None):
@@ -77,6 +78,7 @@ class Stage:
             "num_prompts": self.num_prompts,
             "duration_s": self.duration_s,
             "warmup": self.warmup,
+            "ramp_s": self.ramp_s,
         }
 
 
@@ -216,7 +218,13 @@ async def run_stage(
             counter = itertools.count()
             total = stage.num_prompts
 
-            async def stream_worker() -> None:
+            async def stream_worker(k: int) -> None:
+                # Streams that all start at once stay in step when their requests take as long
+                # as each other, and hit the server in bursts; a ramp spreads them out.
+                if stage.ramp_s > 0 and not await wait_until(
+                    start_ns + int(k * stage.ramp_s / stage.concurrency * NS)  # type: ignore[operator]
+                ):
+                    return
                 while not stop.is_set():
                     index = next(counter)
                     now = time.perf_counter_ns()
@@ -228,7 +236,7 @@ async def run_stage(
                     await launch(index, items[index % len(items)], None)
 
             await wait_until(start_ns)
-            workers.extend(loop.create_task(stream_worker()) for _ in range(stage.concurrency))
+            workers.extend(loop.create_task(stream_worker(k)) for k in range(stage.concurrency))
             stopper = loop.create_task(stop.wait())
             await asyncio.wait([*workers, stopper], return_when=asyncio.FIRST_COMPLETED)
             if not stop.is_set():

@@ -73,6 +73,7 @@ class SelftestResult:
     levels: tuple[LevelResult, ...]
     loop: str
     measured_at: float
+    ramp: bool = True
 
     @property
     def max_sustained(self) -> int | None:
@@ -90,6 +91,7 @@ class SelftestResult:
             "ttft_ms": self.ttft_s * 1000,
             "output_tokens": self.output_tokens,
             "loop": self.loop,
+            "ramp": self.ramp,
             "measured_at": self.measured_at,
             "error_limit_ms": ERROR_LIMIT_MS,
             "max_sustained_concurrency": self.max_sustained,
@@ -110,14 +112,12 @@ def analyse(run: StageRun, config: ReferenceConfig, prompt_tokens: int) -> Level
     server_late: list[float] = []
     client_late: list[float] = []
     failed = 0
-    tokens = 0
     measured = [f for f in run.finished if not f.warmup]
     for f in measured:
         r = f.record
         if not r.ok or r.ttft_s is None or r.t_send_ns is None:
             failed += 1
             continue
-        tokens += r.output_tokens or 0
         ttft_err.append((r.ttft_s - scheduled_ttft) * 1000)
         itl_err.extend((g - config.itl_s) * 1000 for g in r.itl_s)
         if r.server_due_ns and r.server_sent_ns:
@@ -128,9 +128,10 @@ def analyse(run: StageRun, config: ReferenceConfig, prompt_tokens: int) -> Level
         late = r.client_lateness_ns
         if late:
             client_late.extend(x / 1e6 for x in late)
-    first = min((f.record.t_send_ns or 0) for f in measured) if measured else 0
-    last = max((f.record.t_end_ns or 0) for f in measured) if measured else 0
-    span = max(1, last - first) / NS
+    # Throughput as the streams saw it: each stream's decode rate (1 / TPOT), summed over the
+    # streams: the ramp and the tail of a stage do not dilute it.
+    rates = [f.record.decode_tok_s for f in measured if f.record.ok and f.record.decode_tok_s]
+    stream_rate = float(np.median(rates)) if rates else 0.0
     return LevelResult(
         concurrency=run.stage.concurrency or 0,
         requests=len(measured),
@@ -144,7 +145,7 @@ def analyse(run: StageRun, config: ReferenceConfig, prompt_tokens: int) -> Level
         server_late_p99_ms=_p(server_late, 99),
         client_late_p50_ms=_p(client_late, 50),
         client_late_p99_ms=_p(client_late, 99),
-        output_tok_s=tokens / span,
+        output_tok_s=stream_rate * (run.stage.concurrency or 0),
         ideal_tok_s=(run.stage.concurrency or 0) / config.itl_s,
     )
 
@@ -156,6 +157,7 @@ async def run_selftest(
     ttft_s: float = 0.05,
     output_tokens: int = 100,
     rounds: int = 2,
+    ramp: bool = True,
     stop_after_failure: bool = True,
     progress: Callable[[int], None] | None = None,
 ) -> SelftestResult:
@@ -175,7 +177,10 @@ async def run_selftest(
             if progress:
                 progress(c)
             items = [WorkItem(output_tokens, prompt=prompt, prompt_tokens=16)]
-            stage = Stage(concurrency=c, num_prompts=c * (rounds + 1), warmup=c)
+            # Streams start spread over one request's length, as independent users would
+            # arrive: the server then sees a steady rate of new requests, not a wave of c.
+            stage = Stage(concurrency=c, num_prompts=c * (rounds + 1), warmup=c,
+                          ramp_s=(ttft_s + output_tokens * itl_s) if ramp else 0.0)
             async with new_session(limit=c + 16) as session:
                 run = await run_stage(session, target, items, stage, timeouts=Timeouts(),
                                       sink=lambda f: None)
@@ -183,7 +188,8 @@ async def run_selftest(
             results.append(level)
             if stop_after_failure and not level.sustained and c > 1:
                 break
-    return SelftestResult(itl_s, ttft_s, output_tokens, tuple(results), loop_name, time.time())
+    return SelftestResult(itl_s, ttft_s, output_tokens, tuple(results), loop_name, time.time(),
+                          ramp)
 
 
 def result_path() -> Path:

@@ -422,6 +422,18 @@ class ReferenceServer:
                                    "pdscope_due_ns": due}
             return out
 
+        # The common case (completions, usage at the end) is written from a template: at
+        # hundreds of streams, building and dumping a dict a token costs the schedule.
+        head = json.dumps({"id": rid, "object": obj_name, "created": created,
+                           "model": cfg.model}, separators=(",", ":"))[:-1]
+
+        def token_event(text: str, finish: str | None, due: int) -> bytes:
+            fin = "null" if finish is None else f'"{finish}"'
+            return (f'data: {head},"choices":[{{"index":0,"text":{json.dumps(text)},'
+                    f'"logprobs":null,"finish_reason":{fin},"stop_reason":null}}],'
+                    f'"usage":null,"pdscope_due_ns":{due},"pdscope_sent_ns":{now_ns()}}}\n\n'
+                    ).encode()
+
         t_first = t0 + int(cfg.ttft_s(n_prompt) * 1e9)
         step = int(cfg.itl_s * cfg.tokens_per_chunk * 1e9)
         jitter = int(cfg.itl_jitter_s * 1e9)
@@ -457,7 +469,11 @@ class ReferenceServer:
             text = "".join(f" {_WORDS[(sent_tokens + j) % len(_WORDS)]}" for j in range(k))
             sent_tokens += k
             last = not endless and c == n_chunks - 1
-            await _write(resp, _sse(chunk(text, "length" if last else None, sent_tokens, due)))
+            if usage_each or chat:
+                data = _sse(chunk(text, "length" if last else None, sent_tokens, due))
+            else:
+                data = token_event(text, "length" if last else None, due)
+            await _write(resp, data)
             c += 1
         if usage_last:
             final = {"id": rid, "object": obj_name, "created": created, "model": cfg.model,
