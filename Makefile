@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 CORE   := $(VENV)/.pdscope-core
 LAB    := $(VENV)/.pdscope-lab
 
-.PHONY: demo test test-unit test-lab lint venv lab clean
+.PHONY: demo test test-unit test-lab lint venv lab bench clean
 
 demo: $(LAB)
 	$(BIN)/pdscope demo
@@ -27,6 +27,14 @@ lint: $(CORE)
 
 venv: $(CORE)
 lab: $(LAB)
+
+# The client's timing figures (docs/benchmarks.md): its self-test, and pdscope bench beside
+# vllm bench serve on the reference server (GuideLLM too when .venv-compare exists: see
+# tools/README.md). Prints the tables; a noisy machine changes figures, not the exit status.
+bench: $(LAB)
+	$(BIN)/python tools/selftest_doc.py
+	$(BIN)/python tools/bench_clients.py --tools vllm,pdscope --concurrency 1,50,200 \
+		--repeat-c1 1 --no-doc
 
 $(CORE): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
