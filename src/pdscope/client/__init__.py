@@ -16,6 +16,8 @@ from pdscope.client.detect import (
     ServerKind,
     detect_server,
     detokenize,
+    resolve_target,
+    token_counter,
     tokenize,
 )
 from pdscope.client.faults import classify_status, raise_for_record
@@ -56,8 +58,10 @@ __all__ = [
     "new_session",
     "prefill_rate",
     "raise_for_record",
+    "resolve_target",
     "root_url",
     "stream_request",
+    "token_counter",
     "tokenize",
     "trace_config",
 ]

@@ -32,7 +32,7 @@ Models come from ``/v1/models`` (``data[].id``), or ``/api/tags`` for Ollama.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -277,3 +277,43 @@ async def detokenize(
     key = {"vllm": "prompt", "llama.cpp": "content", "llama-cpp-python": "text"}[info.kind]
     value = data.get(key)
     return value if isinstance(value, str) else None
+
+
+async def resolve_target(
+    url: str,
+    session: aiohttp.ClientSession,
+    *,
+    model: str | None = None,
+    api: str = "auto",
+    api_key: str | None = None,
+    fixed_output: bool = True,
+) -> tuple[ServerInfo, Target]:
+    """Detect the server at ``url``, check that it serves ``model`` (or any model at all), and
+    the :class:`Target` every experiment sends to. Raises :class:`RunError` (one line)."""
+    info = await detect_server(url, session, api_key=api_key)
+    if model and info.models and model not in info.models:
+        served = ", ".join(info.models[:8])
+        raise RunError(f"model {model!r} is not served at {info.base_url} (it serves:"
+                       f" {served}); pass one of those with --model")
+    if not model and not info.models:
+        raise RunError(f"{info.base_url} lists no models: name one with --model")
+    chosen = None if api == "auto" else api
+    target = info.target(model=model, api=chosen,  # type: ignore[arg-type]
+                         api_key=api_key, fixed_output=fixed_output)
+    return info, target
+
+
+def token_counter(
+    info: ServerInfo, session: aiohttp.ClientSession, target: Target
+) -> Callable[[str], Awaitable[int]] | None:
+    """The server's own tokenizer as a count of tokens, or ``None`` when it has none."""
+    if info.tokenize_endpoint is None:
+        return None
+
+    async def count(text: str) -> int:
+        ids = await tokenize(info, session, text, api_key=target.api_key, model=target.model)
+        if ids is None:
+            raise RunError(f"{info.base_url}{info.tokenize_endpoint} did not tokenize")
+        return len(ids)
+
+    return count

@@ -34,6 +34,8 @@ from pdscope.client import (
     detect_server,
     new_session,
     raise_for_record,
+    resolve_target,
+    token_counter,
     tokenize,
 )
 from pdscope.client import ollama as ollama_api
@@ -41,7 +43,7 @@ from pdscope.client import openai as openai_api
 from pdscope.client.faults import redact
 from pdscope.client.request import overrun_limit
 from pdscope.client.session import StreamParser, stream_post
-from pdscope.errors import InputError, RunError
+from pdscope.errors import InputError
 from pdscope.experiments.probe import is_loopback
 from pdscope.experiments.setup import resolve_device, resolve_model
 from pdscope.hardware import DeviceSpec
@@ -165,24 +167,10 @@ async def connect(url: str, options: ClientOptions) -> AsyncIterator[Connection]
     Raises :class:`RunError` (one line) when nothing answers or the model is not served."""
     notes: list[str] = []
     async with new_session() as session:
-        info = await detect_server(url, session, api_key=options.api_key)
-        if options.model and info.models and options.model not in info.models:
-            served = ", ".join(info.models[:8])
-            raise RunError(f"model {options.model!r} is not served at {info.base_url} (it"
-                           f" serves: {served}); pass one of those with --model")
-        if not options.model and not info.models:
-            raise RunError(f"{info.base_url} lists no models: name one with --model")
-        api = None if options.api == "auto" else options.api
-        target = info.target(model=options.model, api=api,  # type: ignore[arg-type]
-                             api_key=options.api_key, fixed_output=options.fixed_output)
-        count = None
-        if info.tokenize_endpoint:
-            async def count(text: str) -> int:
-                ids = await tokenize(info, session, text, api_key=target.api_key,
-                                     model=target.model)
-                if ids is None:
-                    raise RunError(f"{info.base_url}{info.tokenize_endpoint} did not tokenize")
-                return len(ids)
+        info, target = await resolve_target(
+            url, session, model=options.model, api=options.api, api_key=options.api_key,
+            fixed_output=options.fixed_output)
+        count = token_counter(info, session, target)
         seed = options.seed if options.seed is not None else random.SystemRandom().randrange(
             1 << 30)
         if count is None:

@@ -25,13 +25,14 @@ from pdscope.client import (
     ServerInfo,
     Target,
     Timeouts,
-    detect_server,
     new_session,
     raise_for_record,
+    resolve_target,
     stream_request,
+    token_counter,
     tokenize,
 )
-from pdscope.errors import InputError, RunError
+from pdscope.errors import InputError
 from pdscope.hardware import DeviceSpec
 from pdscope.model import ModelGeometry
 from pdscope.stats import Summary, percentile, summarize
@@ -295,26 +296,13 @@ async def run_probe(
         raise InputError("--runs must be at least 1")
     notes: list[str] = []
     async with new_session() as session:
-        info = await detect_server(url, session, api_key=config.api_key)
-        if config.model and info.models and config.model not in info.models:
-            served = ", ".join(info.models[:8])
-            raise RunError(f"model {config.model!r} is not served at {info.base_url} (it serves:"
-                           f" {served}); pass one of those with --model")
-        if not config.model and not info.models:
-            raise RunError(f"{info.base_url} lists no models: name one with --model")
-        api = None if config.api == "auto" else config.api
-        target = info.target(model=config.model, api=api,  # type: ignore[arg-type]
-                             api_key=config.api_key, fixed_output=config.fixed_output)
+        info, target = await resolve_target(
+            url, session, model=config.model, api=config.api, api_key=config.api_key,
+            fixed_output=config.fixed_output)
         chat = target.api in ("openai-chat", "ollama-chat")
-
-        count = None
-        if info.tokenize_endpoint and not chat:
-            async def count(text: str) -> int:
-                ids = await tokenize(info, session, text, api_key=target.api_key,
-                                     model=target.model)
-                if ids is None:
-                    raise RunError(f"{info.base_url}{info.tokenize_endpoint} did not tokenize")
-                return len(ids)
+        # A chat template adds tokens of its own: fit message text to the tokenizer only for
+        # completions, and calibrate chats from the reported prompt_tokens.
+        count = None if chat else token_counter(info, session, target)
         seed = config.seed if config.seed is not None else random.SystemRandom().randrange(1 << 30)
         builder = PromptBuilder(count, base_seed=seed)
         if count is None:

@@ -16,8 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdscope.client import ServerInfo, Target, Timeouts, detect_server, new_session, tokenize
-from pdscope.errors import InputError, RunError
+from pdscope.client import (
+    ServerInfo,
+    Target,
+    Timeouts,
+    new_session,
+    resolve_target,
+    token_counter,
+)
+from pdscope.errors import InputError
 from pdscope.load.results import RunFolder
 from pdscope.load.runner import ProgressFn, Stage, StageRun, run_stage
 from pdscope.load.summary import SLO, summarize_stage
@@ -106,13 +113,7 @@ async def build_items(
             fmt = "jsonl" if path.endswith((".jsonl", ".ndjson")) else "sharegpt"
         items = load_jsonl(path) if fmt == "jsonl" else load_sharegpt(path)
         return sample(items, count, seed)
-    count_fn = None
-    if info.tokenize_endpoint and target.api == "openai":
-        async def count_fn(text: str) -> int:
-            ids = await tokenize(info, session, text, api_key=target.api_key, model=target.model)
-            if ids is None:
-                raise RunError(f"{info.base_url}{info.tokenize_endpoint} did not tokenize")
-            return len(ids)
+    count_fn = token_counter(info, session, target) if target.api == "openai" else None
     builder = PromptBuilder(count_fn, base_seed=seed)
     if workload.prefix_groups:
         return await shared_prefix(
@@ -196,15 +197,9 @@ async def run_bench(
     stop = stop or asyncio.Event()
     max_streams = max((s.concurrency or s.max_concurrency or 256) for s in stages)
     async with new_session(limit=max(256, max_streams + 16)) as session:
-        info = await detect_server(url, session, api_key=config.api_key)
-        if config.model and info.models and config.model not in info.models:
-            raise RunError(f"model {config.model!r} is not served at {info.base_url} (it serves:"
-                           f" {', '.join(info.models[:8])})")
-        if not config.model and not info.models:
-            raise RunError(f"{info.base_url} lists no models: name one with --model")
-        api = None if config.api == "auto" else config.api
-        target = info.target(model=config.model, api=api,  # type: ignore[arg-type]
-                             api_key=config.api_key, fixed_output=config.fixed_output)
+        info, target = await resolve_target(
+            url, session, model=config.model, api=config.api, api_key=config.api_key,
+            fixed_output=config.fixed_output)
         run_meta = {
             "url": info.base_url, "server": info.kind, "server_version": info.version,
             "model": target.model, "api": target.api, "workload": workload.describe(),
