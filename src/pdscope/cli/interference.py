@@ -7,7 +7,7 @@ import argparse
 from rich.table import Table
 
 from pdscope.cli.common import command_parser, console, positive_int
-from pdscope.cli.sweep import (
+from pdscope.cli.experiment import (
     add_client_args,
     check_mark,
     client_kwargs,
