@@ -59,6 +59,8 @@ from typing import Any
 
 import numpy as np
 
+from pdscope.lab.model import cache_root, hf_model_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 MARK_START = "<!-- bench_clients:start -->"
@@ -66,7 +68,8 @@ MARK_END = "<!-- bench_clients:end -->"
 COMPARE_VENV = ROOT / ".venv-compare"
 # The lab's converted SmolLM2: a local tokenizer.json, so nothing is downloaded. vLLM's and
 # GuideLLM's synthetic prompts are sized in its tokens; the server counts words.
-TOKENIZER = Path.home() / ".cache" / "pdscope" / "models" / "smollm2-135m-instruct-bf16"
+# The lab's converted model folder holds the tokenizer vLLM's and GuideLLM's benchmarks need.
+TOKENIZER = cache_root() / "models" / "smollm2-135m-instruct-bf16"
 MODEL = "pdscope-reference"
 HOST = "127.0.0.1"
 ERROR_BOUND_MS = 1.0  # the acceptance's "within 1 ms of the schedule"
@@ -943,9 +946,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench_clients: unknown tools {unknown}: use {', '.join(TOOLS)}", file=sys.stderr)
         return 2
     if not (TOKENIZER / "tokenizer.json").exists():
-        print(f"bench_clients: no tokenizer at {TOKENIZER}: run `pdscope lab` once (it converts"
-              " the lab's model there)", file=sys.stderr)
-        return 2
+        hf_model_dir()  # converts the lab's model once (about half a minute)
     tools, skipped = [], {}
     for n in names:
         why = TOOLS[n].unavailable()
