@@ -195,3 +195,40 @@ def test_llama_cpp_python_says_it_has_no_metrics(llamacpp_server: lab.LabServer)
     assert r.stdout == ""
     assert r.stderr.startswith("pdscope: ") and r.stderr.count("\n") == 1
     assert "has no /metrics endpoint (404)" in r.stderr
+
+
+def test_watch_beside_bench_queues_and_agrees_with_the_clients_ttft(
+    vllm_server: lab.LabServer, tmp_path: Path
+) -> None:
+    """`pdscope bench` loads the server with more long prompts than a step admits; one watch
+    shows the queue second by second, another takes a single window around the whole run."""
+    def watch(*flags: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "pdscope", "watch", vllm_server.url,
+                                 "--json", *flags], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    whole = watch("--count", "1", "--interval", "25")
+    live = watch("--count", "6", "--interval", "1")
+    time.sleep(0.5)  # both have taken their first scrape
+    r = subprocess.run(
+        [sys.executable, "-m", "pdscope", "bench", vllm_server.url, "--concurrency", "8",
+         "--num-prompts", "8", "--input-len", "1000", "--output-len", "16", "--no-metrics",
+         "--out", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    bench = json.loads(r.stdout)
+    live_out, _ = live.communicate(timeout=60)
+    whole_out, whole_err = whole.communicate(timeout=60)
+    assert whole.returncode == 0, whole_err
+    live_windows = [json.loads(line) for line in live_out.splitlines()]
+    assert max(w["num_requests_waiting"] for w in live_windows) > 0
+    waiting = [w for w in live_windows if w["num_requests_waiting"]]
+    assert all(w["queueing"] == "scheduler" for w in waiting)  # the pool stays far from full
+    [window] = [json.loads(line) for line in whole_out.splitlines()]
+    assert window["requests_finished"] == 8
+    lower, upper = window["resolution"]["ttft_p50_s"]
+    client = bench["median_ttft_ms"] / 1000
+    # The client's median TTFT lies in the bucket that holds the server's, give or take the
+    # few milliseconds of HTTP and detokenizing between them.
+    assert lower - 0.01 <= client <= (upper if upper is not None else client) + 0.05
