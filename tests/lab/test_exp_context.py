@@ -21,6 +21,7 @@ def test_decode_slows_as_the_context_fills(vllm_server: lab.LabServer) -> None:
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
+    # 128 tokens in bins of 32 after each of two prompts: four bins a prompt.
     assert len(out["bins"]) == 8
     # Every step reads the whole KV cache: 3,000 more tokens of it make the steps longer.
     assert out["fit"]["beta_s_per_token"] > 0 and out["fit"]["beta_resolved"] is True

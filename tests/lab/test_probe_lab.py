@@ -26,15 +26,25 @@ def probe(url: str, *args: str) -> dict:
 def test_a_ten_times_longer_prompt_raises_ttft_not_the_decode_rate(
     vllm_server: lab.LabServer,
 ) -> None:
-    short = probe(vllm_server.url, "--prompt-tokens", "200", "--max-tokens", "64", "--runs", "3")
-    long = probe(vllm_server.url, "--prompt-tokens", "2000", "--max-tokens", "64", "--runs", "3")
-    for result, asked in ((short, 200), (long, 2000)):
+    # Short and long probes alternate, so a drift of the shared machine's speed falls on both.
+    runs = [probe(vllm_server.url, "--prompt-tokens", str(n), "--max-tokens", "64", "--runs", "3")
+            for n in (200, 2000, 200, 2000)]
+    for result, asked in zip(runs, (200, 2000, 200, 2000), strict=True):
         assert abs(result["prompt_tokens"] - asked) <= 0.01 * asked
         assert result["token_count_source"] == "usage"
         assert result["output_tokens"] == 64  # ignore_eos: decode runs as long as asked
-    # The article: the TTFT grows a lot; the streaming speed after it barely changes.
-    assert long["ttft_s"] >= 2 * short["ttft_s"]
-    assert abs(long["decode_tok_s"] - short["decode_tok_s"]) < 0.3 * short["decode_tok_s"]
+
+    def median(key: str, results: list[dict]) -> float:
+        values = sorted(r[key] for r in results)
+        return (values[0] + values[-1]) / 2 if len(values) == 2 else values[len(values) // 2]
+
+    short, long = runs[0::2], runs[1::2]
+    # The article: the TTFT grows a lot; the streaming speed after it barely changes. (On this
+    # lab decode slows by about a quarter at 2,000 tokens, more than the 15% of extra bytes the
+    # roofline counts for 47 MB of KV: vLLM's attention on CPU costs more than its reads.)
+    assert median("ttft_s", long) >= 2 * median("ttft_s", short)
+    change = abs(median("decode_tok_s", long) - median("decode_tok_s", short))
+    assert change < 0.3 * median("decode_tok_s", short)
 
 
 def test_the_lab_probe_is_set_beside_the_measured_cpu_and_the_real_weights(

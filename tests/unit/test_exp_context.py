@@ -13,6 +13,7 @@ import pytest
 
 from pdscope import roofline
 from pdscope.experiments import CeilingInputs, ContextConfig, run_context
+from pdscope.experiments.context import context_bins
 from pdscope.hardware import find_device
 from pdscope.model import load_model
 from pdscope.selftest import ReferenceConfig, run_in_subprocess
@@ -74,3 +75,12 @@ def test_context_json_from_the_command() -> None:
     assert out["experiment"] == "context" and len(out["bins"]) == 4
     assert out["output_tokens"] == [64]
     assert {c["id"] for c in out["charts"]} == {"context-decode", "context-itl"}
+
+
+def test_a_bin_of_bursty_gaps_keeps_its_step_time() -> None:
+    # Tokens delivered four at a time, 40 ms apart: three gaps in four are 0, so the median
+    # is 0; the bin's step time is still the mean, 10 ms.
+    gaps = tuple([0.0, 0.0, 0.0, 0.04] * 8)
+    [b] = context_bins([(100, gaps)], bin_tokens=32)
+    assert b.itl_median_s == pytest.approx(0.01)
+    assert b.samples == 32

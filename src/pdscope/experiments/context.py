@@ -91,8 +91,14 @@ def context_bins(
         if len(items) < max(1, bin_tokens // 4):
             continue
         positions = [j for j, _ in items]
-        itl_med = median([g for _, g in items])
+        gaps = [g for _, g in items]
+        itl_med = median(gaps)
         assert itl_med is not None
+        if itl_med <= 0:
+            # A server that sends tokens in bursts (several in one write, as vLLM's API server
+            # does when its process is short of CPU) leaves most gaps at 0: the median says
+            # nothing then, and the mean (the bin's span over its steps) is the step time.
+            itl_med = sum(gaps) / len(gaps)
         if itl_med <= 0:
             continue
         ctx = prompt + sum(positions) / len(positions) + 1
