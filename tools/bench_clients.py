@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from pdscope.lab.model import cache_root, hf_model_dir
+from pdscope.selftest.server import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -516,17 +517,8 @@ class ReferenceProcess:
 
     def __exit__(self, *_: object) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        if proc is not None:
+            stop_process(proc)
 
     def lateness(self) -> ServerLateness | None:
         """The server's lateness since the last call."""

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import math
 import signal
+import time
 from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -186,7 +187,7 @@ def _run_with_progress(url: str, config: BenchConfig, stages: list[Stage], workl
                 def progress(run: StageRun, in_flight: int) -> None:
                     done = len(run.finished)
                     failed = sum(1 for f in run.finished if not f.record.ok)
-                    elapsed = max(1e-3, (_now_ns() - run.t0_ns) / 1e9)
+                    elapsed = max(1e-3, (time.perf_counter_ns() - run.t0_ns) / 1e9)
                     tokens = sum(f.record.output_tokens or 0 for f in run.finished)
                     bar.update(task, completed=done, info=(
                         f"{done - failed} done, {failed} failed, {in_flight} in flight,"
@@ -203,12 +204,6 @@ def _run_with_progress(url: str, config: BenchConfig, stages: list[Stage], workl
                 loop.remove_signal_handler(signal.SIGTERM)
 
     return run_async(main)
-
-
-def _now_ns() -> int:
-    import time
-
-    return time.perf_counter_ns()
 
 
 def _ms(x: float | None) -> str:

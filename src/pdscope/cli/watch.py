@@ -16,7 +16,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from pdscope.cli.common import command_parser, console, print_json, warn
+from pdscope.cli.common import (
+    command_parser,
+    console,
+    positive_float,
+    positive_int,
+    print_json,
+    warn,
+)
 from pdscope.errors import InputError, RunError
 from pdscope.hardware.devices import find_device
 from pdscope.metrics import (
@@ -52,26 +59,6 @@ MAX_FAILURES = 5
 LEVEL_STYLE = {"ok": "", "warn": "bold yellow", "unknown": "dim"}
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
-
-
-def count_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     families = [f.name for f in FAMILIES]
     p = command_parser(
@@ -94,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--interval", type=positive_float, default=2.0, metavar="S",
                    help="seconds between scrapes: the length of a window (default 2)")
-    p.add_argument("--count", type=count_arg, metavar="N", help="stop after N windows")
+    p.add_argument("--count", type=positive_int, metavar="N", help="stop after N windows")
     p.add_argument("--once", action="store_true", help="one window (two scrapes), then exit")
     p.add_argument("--json", action="store_true", help="one JSON object a window, a line each")
     p.add_argument("--model", metavar="NAME", help="only the series of this model name")

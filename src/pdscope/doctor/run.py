@@ -14,7 +14,7 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from pdscope.doctor.evidence import (
     SweepEvidence,
 )
 from pdscope.doctor.rules import Finding, diagnose
-from pdscope.errors import PdscopeError, RunError
+from pdscope.errors import RunError
 from pdscope.experiments.common import CeilingInputs, Chart, Series, find_ceiling_inputs
 from pdscope.experiments.context import ContextConfig, ContextResult, run_context
 from pdscope.experiments.interference import (
@@ -372,8 +372,6 @@ async def run_doctor(url: str, config: DoctorConfig,
     ceiling = await find_ceiling_inputs(url, model_name, device=config.device,
                                         model_config=config.model_config,
                                         api_key=config.api_key)
-    from dataclasses import replace
-
     probe = replace(probe, device=ceiling.device, model=ceiling.model,
                     model_source=ceiling.model_source)
     results["probe"] = probe.to_json()
@@ -414,4 +412,4 @@ def write_run(run: DoctorRun, folder: Path) -> dict[str, Path]:
     return paths
 
 
-__all__ = ["DoctorConfig", "DoctorRun", "PdscopeError", "run_doctor", "write_run"]
+__all__ = ["DoctorConfig", "DoctorRun", "run_doctor", "write_run"]

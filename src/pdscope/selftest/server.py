@@ -572,15 +572,20 @@ def run_in_subprocess(
         url = _await_ready(proc, start_timeout)
         yield url
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[str]) -> None:
+    """End a reference server started in its own process: SIGTERM, then SIGKILL after 5 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def _await_ready(proc: subprocess.Popen[str], timeout: float) -> str:
