@@ -59,7 +59,8 @@ from typing import Any
 
 import numpy as np
 
-from pdscope.lab.model import cache_root, hf_model_dir
+from pdscope.lab.model import hf_model_dir
+from pdscope.paths import cache_root
 from pdscope.selftest.server import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,13 +7,34 @@ JSON keys of the article's table are kept exactly (``device``, ``mem_bandwidth_g
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from pdscope import roofline
+from pdscope.errors import InputError
 from pdscope.hardware import DeviceSpec
 from pdscope.model.geometry import ModelGeometry
+
+
+@contextmanager
+def _in_range(model: ModelGeometry) -> Iterator[None]:
+    """A model whose figures overflow (a count of 1e999, a shape of zero) fails in one line
+    rather than with a traceback or an ``inf`` in the output."""
+    try:
+        yield
+    except (OverflowError, ZeroDivisionError) as exc:
+        raise InputError(f"the figures of {model.name} are out of range ({exc}): check its"
+                         " parameter count and shape") from None
+
+
+def _check_finite(model: ModelGeometry, **figures: float | None) -> None:
+    for name, value in figures.items():
+        if value is not None and not math.isfinite(value):
+            raise InputError(f"the {name.replace('_', ' ')} of {model.name} is out of range"
+                             f" ({value}): check its parameter count and shape")
 
 
 def _number(x: float) -> float | int:
@@ -66,7 +87,20 @@ def ceiling_rows(
     prompt_tokens: int = 1000,
     kv_dtype: str = "fp16",
 ) -> list[CeilingRow]:
-    """Decode and prefill ceilings of ``model`` on each device, in the order given."""
+    """Decode and prefill ceilings of ``model`` on each device, in the order given. Raises
+    :class:`InputError` when a figure is out of range (not a finite number)."""
+    _check_finite(model, parameters=model.parameters,
+                  weight_bytes=model.read_weight_bytes() if model.parameters else None)
+    with _in_range(model):
+        rows = _ceiling_rows(model, devices, context, batch, prompt_tokens, kv_dtype)
+    for r in rows:
+        _check_finite(model, decode_ceiling=r.decode.tok_s, kv_bytes=r.decode.kv_bytes_read,
+                      prefill_ceiling=r.prefill.tok_s, ttft_floor=r.prefill.ttft_s)
+    return rows
+
+
+def _ceiling_rows(model: ModelGeometry, devices: Sequence[DeviceSpec], context: int,
+                  batch: int | None, prompt_tokens: int, kv_dtype: str) -> list[CeilingRow]:
     rows = []
     for dev in devices:
         rows.append(
@@ -90,13 +124,16 @@ def ceiling_rows(
 
 
 def model_json(model: ModelGeometry) -> dict[str, Any]:
-    """The model's figures as the JSON outputs show them."""
+    """The model's figures as the JSON outputs show them. ``active_parameters`` counts as model
+    cards do (the input embedding included); ``parameters_read_per_token`` is what the ceilings
+    divide by (the input embedding is a lookup of one row, not read whole)."""
     return {
         "name": model.name,
         "source": model.source,
         "parameters": model.parameters,
         "active_parameters": model.active_parameters,
         "parameters_source": model.parameters_source,
+        "parameters_read_per_token": model.parameters_read_per_token,
         "weight_dtype": model.weight_dtype,
         "bytes_per_weight": model.bytes_per_weight,
         "weight_bytes": model.total_weight_bytes(),
@@ -128,6 +165,7 @@ class KVReport:
             "model": m.name,
             "parameters": m.parameters,
             "active_parameters": m.active_parameters,
+            "parameters_read_per_token": m.parameters_read_per_token,
             "kv_dtype": self.kv_dtype,
             "context": self.context,
             "kv_bytes_per_token": _number(self.kv_bytes_per_token),
@@ -172,7 +210,17 @@ def kv_report(
     mem_util: float = roofline.DEFAULT_MEM_UTIL,
     reserve_gb: float = roofline.DEFAULT_RESERVE_GB,
 ) -> KVReport:
-    """KV bytes a token and a request, and the pool on each device."""
+    """KV bytes a token and a request, and the pool on each device. Raises
+    :class:`InputError` when a figure is out of range (not a finite number)."""
+    with _in_range(model):
+        report = _kv_report(model, context, devices, kv_dtype, mem_util, reserve_gb)
+    _check_finite(model, KV_bytes_a_token=report.kv_bytes_per_token,
+                  KV_bytes_a_request=report.kv_bytes_per_request)
+    return report
+
+
+def _kv_report(model: ModelGeometry, context: int, devices: Sequence[DeviceSpec],
+               kv_dtype: str, mem_util: float, reserve_gb: float) -> KVReport:
     return KVReport(
         model=model,
         context=context,

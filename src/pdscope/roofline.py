@@ -144,9 +144,10 @@ def peak_flops(model: ModelGeometry, device: DeviceSpec) -> float | None:
 
 
 def decode_flops_per_token(model: ModelGeometry, context: int) -> float:
-    """FLOPs to decode one token at ``context``: 2 a weight read, plus attention over the
-    context (QK and AV, 2 FLOPs a multiply-add, for every query head)."""
-    flops = 2.0 * model.active_parameters
+    """FLOPs to decode one token at ``context``: 2 a weight read (``parameters_read_per_token``:
+    the input embedding is a lookup, not a product), plus attention over the context (QK and
+    AV, 2 FLOPs a multiply-add, for every query head)."""
+    flops = 2.0 * model.parameters_read_per_token
     if model.num_attention_heads and model.head_dim and context:
         for kind in model.layer_kinds():
             held = context
@@ -247,11 +248,12 @@ def _attention_pairs(n: int, window: int | None) -> float:
 def prefill_flops(model: ModelGeometry, prompt_tokens: int) -> tuple[float, float]:
     """(linear, attention) FLOPs of a prefill of ``prompt_tokens``.
 
-    Linear: 2 x active parameters a token. Attention: for each layer and query head, QK and AV
-    each cost 2 x head_dim FLOPs a query-key pair; causal attention has n(n+1)/2 pairs. This is
-    the quadratic part that starts to matter at long contexts.
+    Linear: 2 x the parameters read a token (``parameters_read_per_token``). Attention: for
+    each layer and query head, QK and AV each cost 2 x head_dim FLOPs a query-key pair; causal
+    attention has n(n+1)/2 pairs. This is the quadratic part that starts to matter at long
+    contexts.
     """
-    linear = 2.0 * model.active_parameters * prompt_tokens
+    linear = 2.0 * model.parameters_read_per_token * prompt_tokens
     attention = 0.0
     if model.num_attention_heads and model.head_dim:
         for kind in model.layer_kinds():

@@ -52,8 +52,11 @@ def test_without_prefix_caching_and_with_a_small_budget(
         findings = doctor(server.url, tmp_path, "--compare-with", str(default_run))
     off = findings["prefix-cache-off"]
     assert off["status"] == "fired"
-    # It says what the cache would save, from the measured TTFTs.
-    assert off["evidence"]["missing_saving_s"] > 0.2
+    # It says what the cache would save, from the measured TTFTs: most of the unseen prompt's
+    # TTFT, as the prefix is 1,000 of its 1,050 tokens. Half of it leaves room for the fixed
+    # overhead and the noise; a bound in seconds would hold on one machine's speed only.
+    evidence = off["evidence"]
+    assert evidence["missing_saving_s"] > 0.5 * evidence["unique_ttft_s"], evidence
     assert "--enable-prefix-caching" in " ".join(off["advice"])
     # Prefill interference, this server beside the default one: the small budget stalled the
     # running streams for less, and the finding says so with both numbers.

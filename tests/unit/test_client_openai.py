@@ -48,13 +48,21 @@ def test_data_lines_without_blank_lines_between_them_are_still_events() -> None:
     assert r.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("data", [QWEN, OPEA], ids=["qwen", "opea"])
-def test_a_stream_cut_at_every_byte_reads_the_same(data: bytes) -> None:
-    whole = parse(data, [])
+@pytest.mark.parametrize(
+    ("data", "text", "chunks"),
+    [
+        (QWEN, " city in the state of California,", 7),
+        (OPEA, ", with calls for more regulation and transparency.", 10),
+    ],
+    ids=["qwen", "opea"],
+)
+def test_a_stream_cut_at_every_byte_reads_the_same(data: bytes, text: str, chunks: int) -> None:
+    # Read off the transcripts: seven chunks " city" ... "," in one; ten with text and an
+    # eleventh, empty, in the other.
     for cut in range(1, len(data)):
         r = parse(data, [cut])
-        assert r.output_text == whole.output_text, cut
-        assert len(r.token_times_ns) == len(whole.token_times_ns), cut
+        assert r.output_text == text, cut
+        assert len(r.token_times_ns) == chunks, cut
         assert r.ok, cut
 
 

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from pdscope.doctor.advice import ACTIONS, FAMILIES, Advice, advice_for, family_of
+from pdscope.servers import ACTIONS, Advice, advice_families, advice_for
+from pdscope.servers import family as family_of_kind
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "advice.md"
+FAMILIES = advice_families()
 KNOWN = [f for f in FAMILIES if f != "openai"]
 HARDWARE_OR_PROMPT = ("shorten_prompt", "more_bandwidth", "faster_compute")
 
@@ -107,16 +109,16 @@ def test_a_name_that_could_not_be_checked_says_so_in_its_source() -> None:
 
 
 def test_detected_kinds_map_to_families() -> None:
-    assert family_of("vllm") == "vllm"
-    assert family_of("sglang") == "sglang"
-    assert family_of("llama.cpp") == "llama.cpp"
-    assert family_of("llama-cpp-python") == "llama.cpp"
-    assert family_of("ollama") == "ollama"
-    assert family_of("tgi") == "tgi"
-    assert family_of("openai") == "openai"
-    assert family_of("pdscope-reference") == "openai"
-    assert family_of("something-new") == "openai"
-    assert family_of("vLLM") == "vllm"
+    assert family_of_kind("vllm").advice_name == "vllm"
+    assert family_of_kind("sglang").advice_name == "sglang"
+    assert family_of_kind("llama.cpp").advice_name == "llama.cpp"
+    assert family_of_kind("llama-cpp-python").advice_name == "llama.cpp"
+    assert family_of_kind("ollama").advice_name == "ollama"
+    assert family_of_kind("tgi").advice_name == "tgi"
+    assert family_of_kind("openai").advice_name == "openai"
+    assert family_of_kind("pdscope-reference").advice_name == "openai"
+    assert family_of_kind("something-new").advice_name == "openai"
+    assert family_of_kind("vLLM").advice_name == "vllm"
 
 
 def test_an_unknown_action_or_family_is_a_programming_error() -> None:

@@ -227,8 +227,16 @@ def test_cold_start() -> None:
 def test_bigger_gpu_wont_help_when_decode_is_bandwidth_bound() -> None:
     f = gpu_upgrade(ev(hardware=H100, phases=phases(195.0, prefill_tok_s=4000.0)))
     assert f.id == "bigger-gpu-wont-help" and f.fired
-    # The table's cards with at least 1.5x the bandwidth, and their ceilings for this model.
-    assert any("B200" in p for p in f.evidence["predictions"])
+    # The table's GPUs with at least 1.5 x 3,350 = 5,025 GB/s: MI300X, MI325X and B200 (three,
+    # so all of them), each with this model's ceiling: a step reads 3,350 GB/s / 209.4 tok/s
+    # = 16 GB, so 5,300 / 16 = 331.25, 6,000 / 16 = 375 and 8,000 / 16 = 500 tok/s.
+    predictions = [
+        "AMD Instinct MI300X (5,300 GB/s): decode ceiling 331 tok/s",
+        "AMD Instinct MI325X (6,000 GB/s): decode ceiling 375 tok/s",
+        "NVIDIA B200 (8,000 GB/s): decode ceiling 500 tok/s",
+    ]
+    assert f.evidence["predictions"] == predictions
+    assert list(f.advice[1:]) == predictions
 
 
 def test_faster_gpu_will_help_when_prefill_is_compute_bound_and_dominates() -> None:
@@ -237,7 +245,16 @@ def test_faster_gpu_will_help_when_prefill_is_compute_bound_and_dominates() -> N
                prefill_ceiling_tok_s=22000.0, ttft_s=0.1, prompt_tokens=2000)
     f = gpu_upgrade(ev(hardware=l40s, phases=p, sweep=SWEEP))
     assert f.id == "faster-gpu-will-help" and f.fired
-    assert f.evidence["predictions"]
+    # Nine GPUs of the table have at least 1.5 x 362.05 = 543 dense TFLOPS; in order of TFLOPS
+    # the smallest (H100 PCIe, 756.5), the middle one (the 5th: H100 PCIe, H100 NVL, H200 NVL,
+    # H100 SXM, H200 SXM) and the largest (B200, 2,250). The prefill part of the TTFT is
+    # 1.2 / 1.25 = 0.96 of 0.1 s, scaled by 362.05 / TFLOPS: 0.096 x 362.05 = 34.757 ms-TFLOPS,
+    # / 756.5 = 45.9 ms, / 989 = 35.1 ms, / 2,250 = 15.4 ms.
+    assert f.evidence["predictions"] == [
+        "NVIDIA H100 PCIe (756 dense TFLOPS): the prefill part of the TTFT about 45.9 ms",
+        "NVIDIA H200 SXM (989 dense TFLOPS): the prefill part of the TTFT about 35.1 ms",
+        "NVIDIA B200 (2,250 dense TFLOPS): the prefill part of the TTFT about 15.4 ms",
+    ]
 
 
 def test_disaggregation_on_one_device_says_it_does_not_pay() -> None:
@@ -263,11 +280,13 @@ def test_diagnose_runs_every_rule_and_ranks_fired_findings_first() -> None:
     assert fired[0].severity == "high"
     assert {"decode-near-ceiling", "queueing-capacity", "preemption", "cold-start"} <= {
         f.id for f in fired}
-    assert all(f.to_json()["advice"] is not None for f in findings)
+    # A fired finding says what to change; a clear or an insufficient one has nothing to say.
+    assert [len(f.to_json()["advice"]) > 0 for f in findings] == [f.fired for f in findings]
 
 
 def test_with_no_evidence_every_rule_says_what_it_lacks() -> None:
     findings = diagnose(ev())
+    assert len(findings) == len(RULES) == 13  # the thirteen rules of pdscope.doctor.rules
     assert all(f.status == "insufficient" for f in findings)
     assert all(f.reason.startswith("not enough evidence") for f in findings)
 

@@ -9,9 +9,10 @@ import pytest
 from pdscope.client import RequestRecord
 from pdscope.errors import InputError
 from pdscope.load import Stage, StageRun, parse_slo, summarize_stage
-from pdscope.load.runner import NS, Finished
+from pdscope.load.runner import Finished
 from pdscope.load.schedule import arrival_offsets
 from pdscope.load.summary import peak_output_rate
+from pdscope.units import NS
 from pdscope.workload.datasets import parse_lengths
 
 MS = 1_000_000

@@ -21,7 +21,7 @@ from pdscope.metrics import (
     VLLM,
     Snapshot,
     classify_queueing,
-    detect_family,
+    detect_metric_map,
     make_window,
     parse_metrics,
     scrape,
@@ -108,7 +108,7 @@ def closed_port() -> int:
 
 def test_the_captures_are_vllm_and_count_the_load_exactly() -> None:
     rest, after = snap("at-rest"), snap("after-load")
-    assert detect_family(after.names) is VLLM
+    assert detect_metric_map(after.names) is VLLM
     # 24 requests of 64 tokens (ignore_eos) on top of the 3 warm-ups of 16.
     assert after.counter(VLLM.generation_tokens) == 1584 == 48 + 24 * 64
     # 34,019 - 21 = 33,998 prompt tokens, as the 24 streams' usage added up (captures.json).

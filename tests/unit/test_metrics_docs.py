@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pdscope.metrics import FAMILIES, FULL_POOL_KV_USAGE, ROLES
+from pdscope.metrics import FULL_POOL_KV_USAGE, METRIC_MAPS, ROLES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
 def test_the_metric_table_has_every_name_of_every_family() -> None:
     text = DOC.read_text()
-    for family in FAMILIES:
+    for family in METRIC_MAPS:
         for role in ROLES:
             for name in family.names(role):
                 assert f"`{name}`" in text, (family.name, role, name)

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from pdscope.cli import main
-from pdscope.metrics import FAMILIES, LLAMACPP, ROLES, SGLANG, VLLM, MetricMap, grafana_dashboard
+from pdscope.metrics import LLAMACPP, METRIC_MAPS, ROLES, SGLANG, VLLM, MetricMap, grafana_dashboard
 
 # What a PromQL expression may name besides metrics: its functions, aggregations and labels.
 PROMQL = {"histogram_quantile", "sum", "by", "le", "rate", "increase", "max", "avg"}
@@ -31,7 +31,7 @@ def series_name(name: str, family: MetricMap) -> str:
     return name
 
 
-@pytest.mark.parametrize("family", FAMILIES, ids=[f.name for f in FAMILIES])
+@pytest.mark.parametrize("family", METRIC_MAPS, ids=[f.name for f in METRIC_MAPS])
 def test_every_query_names_a_metric_of_the_family_map(family: MetricMap) -> None:
     dashboard = json.loads(json.dumps(grafana_dashboard(family), allow_nan=False))
     names = map_names(family)

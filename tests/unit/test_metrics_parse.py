@@ -20,13 +20,13 @@ from pdscope.metrics import (
     TGI,
     VLLM,
     bucket_resolution,
-    detect_family,
+    detect_metric_map,
     make_window,
     parse_metrics,
     quantile,
     to_json,
 )
-from pdscope.metrics.families import FAMILIES, ROLES
+from pdscope.servers import METRIC_MAPS, ROLES
 from tests.conftest import SERVERS
 
 DATA = SERVERS
@@ -76,7 +76,7 @@ def test_the_document_lines_are_not_prometheus_text() -> None:
 
 def test_vllm_cpu_under_load_reads_as_the_file_says() -> None:
     snap = parse_metrics(exposition(VLLM_CPU))
-    assert detect_family(snap.names) is VLLM
+    assert detect_metric_map(snap.names) is VLLM
     # Read off the file: running 10, waiting 22 (all 22 for "capacity"), KV usage 0.42.
     assert snap.gauge(VLLM.running) == 10
     assert snap.gauge(VLLM.waiting) == 22
@@ -133,7 +133,7 @@ def test_vllm_cpu_ttft_percentiles_worked_by_hand() -> None:
 
 def test_vllm_design_doc_example_without_an_inf_bucket() -> None:
     snap = parse_metrics(exposition(VLLM_DOC))
-    assert detect_family(snap.names) is VLLM
+    assert detect_metric_map(snap.names) is VLLM
     assert snap.gauge(VLLM.running) == 8
     assert snap.counter(VLLM.generation_tokens) == 27453
     assert snap.counter("vllm:request_success") == 1 + 131 + 0
@@ -151,7 +151,7 @@ def test_vllm_design_doc_example_without_an_inf_bucket() -> None:
 
 def test_sglang_example_reads_as_the_file_says() -> None:
     snap = parse_metrics(exposition(SGLANG_DOC))
-    assert detect_family(snap.names) is SGLANG
+    assert detect_metric_map(snap.names) is SGLANG
     assert snap.gauge(SGLANG.running) == 162
     assert snap.gauge(SGLANG.waiting) == 2826
     assert snap.gauge(SGLANG.kv_usage) == pytest.approx(0.28)
@@ -175,7 +175,7 @@ def test_sglang_example_reads_as_the_file_says() -> None:
 def test_llamacpp_hand_made_text_has_no_kv_usage_and_says_why() -> None:
     before = parse_metrics(LLAMACPP_TEXT.format(prompt=1200, predicted=300, decodes=310), t=0.0)
     after = parse_metrics(LLAMACPP_TEXT.format(prompt=2400, predicted=420, decodes=440), t=10.0)
-    assert detect_family(after.names) is LLAMACPP
+    assert detect_metric_map(after.names) is LLAMACPP
     window = make_window(before, after, LLAMACPP)
     assert window.kv_cache_usage is None
     assert "not exported" in window.missing["kv_cache_usage"]
@@ -192,21 +192,48 @@ def test_llamacpp_hand_made_text_has_no_kv_usage_and_says_why() -> None:
 
 def test_family_detection() -> None:
     tgi = parse_metrics("# TYPE tgi_queue_size gauge\ntgi_queue_size 3\n")
-    assert detect_family(tgi.names) is TGI
+    assert detect_metric_map(tgi.names) is TGI
     assert tgi.gauge(TGI.waiting) == 3
     plain = parse_metrics("# TYPE process_open_fds gauge\nprocess_open_fds 66\n")
-    assert detect_family(plain.names) is None
+    assert detect_metric_map(plain.names) is None
 
 
 def test_every_map_names_only_known_roles() -> None:
-    for family in FAMILIES:
-        for role in ROLES:
-            assert isinstance(family.names(role), tuple)
+    prefixes = {"vllm": "vllm:", "sglang": "sglang:", "llama.cpp": "llamacpp:", "tgi": "tgi_"}
+    for family in METRIC_MAPS:
+        assert family.prefix == prefixes[family.name]
+        names = [name for role in ROLES for name in family.names(role)]
+        assert names, family.name
+        # Detection goes by the prefix: a name without it would never be read.
+        assert [n for n in names if not n.startswith(family.prefix)] == [], family.name
         assert set(family.not_exported) <= set(ROLES)
+    with pytest.raises(KeyError, match="unknown metric role 'latency'"):
+        VLLM.names("latency")
     assert "not exported by TGI" in TGI.missing_reason("ttft")
     assert VLLM.missing_reason("ttft") == (
         "metric absent: vllm:time_to_first_token_seconds not in /metrics"
     )
+
+
+def test_every_current_vllm_name_is_in_the_real_text() -> None:
+    """vLLM for CPU 0.32, captured: it sends the current (first) name of every role the map
+    fills, as a metric of the role's type; the older names are for older versions."""
+    snap = parse_metrics(exposition(VLLM_CPU))
+    filled = [role for role in ROLES if VLLM.names(role)]
+    # The 24 roles but prefix_hit_rate, prefill_seconds, decode_seconds and engine_steps.
+    assert len(ROLES) == 24 and len(filled) == 20
+    for role in filled:
+        name = VLLM.names(role)[0]
+        assert snap.found(name, VLLM.kind(role)) == name, role
+        family = name.removesuffix("_total") if VLLM.kind(role) == "counter" else name
+        declared = snap.types.get(family) or snap.types.get(name)
+        assert declared == ("gauge" if VLLM.kind(role) == "info" else VLLM.kind(role)), role
+    # None of the older names is in it.
+    older = [name for role in filled for name in VLLM.names(role)[1:]]
+    assert older == ["vllm:time_per_output_token_seconds", "vllm:gpu_cache_usage_perc",
+                     "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"]
+    assert [name for name in older if snap.found(name, "histogram") or snap.found(name)
+            or snap.found(name, "counter")] == []
 
 
 @pytest.mark.parametrize(
@@ -228,7 +255,7 @@ def test_text_that_is_not_prometheus_is_an_error(text: str) -> None:
 def test_every_missing_value_of_a_real_text_has_its_reason(name: str) -> None:
     text = exposition(name)
     before, after = parse_metrics(text, t=0.0), parse_metrics(text, t=5.0)
-    family = detect_family(after.names)
+    family = detect_metric_map(after.names)
     assert family is not None
     window = make_window(before, after, family)
     nones = {key for key, value in to_json(window).items() if value is None}

@@ -17,7 +17,6 @@ from pdscope.metrics import (
     ThreadedMetricsRecorder,
     bracket,
     load_recording,
-    make_window,
     read_recording,
     recording_window,
 )
@@ -59,8 +58,9 @@ def test_a_recording_holds_every_scrape_and_rebuilds_the_window(tmp_path: Path) 
     assert w.requests_finished == 24
     assert w.generation_tokens_per_s is not None
     assert w.generation_tokens_per_s * w.duration_s == pytest.approx(1536)
-    assert w.ttft_p50_s == pytest.approx(make_window(snap("at-rest"), snap("after-load"),
-                                                     VLLM).ttft_p50_s)
+    # 24 first tokens; p50 rank 12 in (10, 20], which holds the 9th to 15th: 10 + 10 * 4 / 7
+    # (worked in test_metrics_captured.py).
+    assert w.ttft_p50_s == pytest.approx(10 + 10 * 4 / 7)
     # Any two snapshots make a window: the first five seconds of the load.
     early = recording_window(snapshots, first=0, last=1)
     assert early.num_requests_waiting == 20 and early.ttft_p50_s == pytest.approx(3.125)

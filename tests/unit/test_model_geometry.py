@@ -36,6 +36,10 @@ PUBLISHED_TOTAL = {
     # 4.3B with the vision tower of about 0.4B, which is not counted: 3.9B of language model.
     "google__gemma-3-4b-it": 4.3 - 0.4,
 }
+# These three cards count "active" without the input embedding table (DeepSeek-V2-Lite: 2.4B
+# activated; gpt-oss: 3.6B and 5.1B, the model card's table counting the unembedding but not the
+# embedding): what pdscope calls parameters read a token. With the embedding they would be 2.66B,
+# 4.19B and 5.71B. Qwen's and Mistral's cards count it: tests/unit/test_model_parameters.py.
 PUBLISHED_ACTIVE = {
     "deepseek-ai__DeepSeek-V2-Lite": 2.4,
     "openai__gpt-oss-20b": 3.6,
@@ -52,21 +56,26 @@ def test_parameter_count_from_config_is_within_2_percent_of_the_model_card(name:
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_ACTIVE))
-def test_active_parameters_of_moe_models_match_the_model_card(name: str) -> None:
+def test_parameters_read_a_token_of_moe_models_match_the_model_card(name: str) -> None:
     g = load_hf_config(MODEL_CONFIGS / f"{name}.json")
     assert g.is_moe
     # Model cards round active counts to one decimal: allow half a unit of that rounding.
-    assert abs(g.active_parameters / 1e9 - PUBLISHED_ACTIVE[name]) <= 0.055
-    assert g.active_parameters < g.parameters / 4
+    assert abs(g.parameters_read_per_token / 1e9 - PUBLISHED_ACTIVE[name]) <= 0.055
+    assert g.parameters_read_per_token < g.parameters / 4
+    # The card convention adds the input embedding table back (untied in all three).
+    assert g.active_parameters - g.parameters_read_per_token == g.vocab_size * g.hidden_size
 
 
 def test_dense_model_reads_all_but_the_input_embedding_table() -> None:
     g = load_hf_config(MODEL_CONFIGS / "meta-llama__Llama-3.1-8B.json")
     embedding = 128256 * 4096
-    assert g.parameters - g.active_parameters == embedding
+    assert g.parameters - g.parameters_read_per_token == embedding
+    # A dense model's active path is the whole model, as its card counts it.
+    assert g.active_parameters == g.parameters
     tied = load_hf_config(MODEL_CONFIGS / "meta-llama__Llama-3.2-1B-Instruct.json")
     assert tied.tie_word_embeddings is True
     assert tied.active_parameters == tied.parameters
+    assert tied.parameters_read_per_token == tied.parameters
 
 
 def test_a_folder_holding_config_json_is_read_like_the_file(tmp_path: Path) -> None:
@@ -101,6 +110,8 @@ def test_gemma4_layer_types_and_global_layer_shape() -> None:
     # "26B A4B": about 26B in all, about 4B read a token.
     assert 24e9 < g.parameters < 27e9
     assert 3.5e9 < g.active_parameters < 4.5e9
+    # Tied embeddings: the output head reads the table, so both counts are the same.
+    assert g.parameters_read_per_token == g.active_parameters
 
 
 def test_qwen2_sliding_window_field_is_ignored_unless_enabled() -> None:
@@ -165,6 +176,7 @@ def test_quant_bits_include_block_scales() -> None:
     assert quant_bits("Q4_K_M") == 4.5  # base type Q4_K: 144 bytes a block of 256
 
 
+@pytest.mark.model_file
 def test_gguf_geometry_of_the_bundled_smollm2(gguf_path: Path) -> None:
     g = load_gguf(gguf_path)
     assert (g.num_layers, g.hidden_size, g.num_attention_heads, g.num_kv_heads) == (30, 576, 9, 3)
@@ -177,6 +189,8 @@ def test_gguf_geometry_of_the_bundled_smollm2(gguf_path: Path) -> None:
     assert g.parameters == pytest.approx(134.5e6, rel=0.01)
     assert 5.0 < g.bytes_per_weight * 8 < 6.5
     assert g.tie_word_embeddings is True
+    # Tied (no output.weight): the head reads the embedding table whole; both counts agree.
+    assert g.parameters_read_per_token == g.active_parameters == g.parameters
     assert load_model(gguf_path) == g
 
 
@@ -187,6 +201,8 @@ def test_ollama_show_response_gives_the_geometry() -> None:
     show = json5.loads((SERVERS / "ollama" / "show_response.json5.txt").read_text())
     g = geometry_from_ollama_show(show, model="llama3")
     assert g.parameters == 8030261248
+    # Ollama does not say whether the embedding is tied: it is counted as read.
+    assert g.active_parameters == g.parameters_read_per_token == 8030261248
     assert (g.num_layers, g.num_kv_heads, g.head_dim) == (32, 8, 128)
     assert g.weight_dtype == "Q4_0"
     assert g.total_weight_bytes() == pytest.approx(8030261248 * 4.5 / 8)

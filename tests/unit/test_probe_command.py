@@ -34,7 +34,9 @@ def test_probe_reports_the_schedule_of_the_reference_server(reference: str) -> N
     config = ProbeConfig(prompt_tokens=500, max_tokens=30, runs=5, seed=1)
     result = asyncio.run(run_probe(reference, config))
     assert result.server.kind == "pdscope-reference"
-    assert result.prompt_tokens == 500 and all(p.exact for p in result.prompts)
+    # One prompt a run, each fitted to exactly 500 tokens by the server's tokenizer.
+    assert result.prompt_tokens == 500
+    assert [(p.tokens, p.exact) for p in result.prompts] == [(500, True)] * 5
     assert result.output_tokens == 30 and result.token_count_source == "usage"
     ttft = result.ttft
     assert ttft is not None

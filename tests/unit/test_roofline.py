@@ -169,7 +169,10 @@ def test_a_moe_batch_reads_more_experts_than_one_sequence() -> None:
 def test_prefill_flops_are_two_per_parameter_plus_quadratic_attention() -> None:
     m = config("meta-llama__Llama-3.1-8B")
     linear, attention = roofline.prefill_flops(m, 2000)
-    assert linear == 2 * m.active_parameters * 2000
+    # 2 FLOPs a weight read: every weight but the input embedding table (128,256 x 4,096), which
+    # a token looks up rather than multiplies.
+    assert linear == 2 * (m.parameters - 128256 * 4096) * 2000
+    assert linear == 2 * m.parameters_read_per_token * 2000
     assert attention == 4 * 32 * 128 * (2000 * 2001 / 2) * 32
 
 

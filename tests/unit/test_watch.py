@@ -44,7 +44,10 @@ def test_json_windows_follow_the_load(capsys: pytest.CaptureFixture[str]) -> Non
     assert first["preemptions"] == 0
     for w in windows:
         assert w["end_wall"] > w["start_wall"]
-        assert w["duration_s"] > 0
+        # The window's length on the monotonic clock is its length on the wall clock: about one
+        # 0.05 s tick (a slow scrape on a busy machine stretches one; none lasts a second).
+        assert w["duration_s"] == pytest.approx(w["end_wall"] - w["start_wall"], abs=0.01)
+        assert 0 < w["duration_s"] < 1
         for key, value in w.items():
             if value is None:
                 assert w["missing"][key], key  # every null has its reason
@@ -98,9 +101,17 @@ def test_a_restart_between_scrapes_gives_no_negative_rate(
     assert code == 0, err
     (w,) = windows
     assert w["reset"] is True
-    # The restarted server's own counts are the window: 21 prompt tokens, 3 first tokens.
+    # The restarted server's own counts are the window (the at-rest text): 21 prompt and 48
+    # generated tokens, 3 requests finished, 69 tokens in 48 steps, 0 hits in 21 lookups.
     assert w["prompt_tokens_per_s"] == pytest.approx(21 / w["duration_s"])
-    assert all(v >= 0 for v in w.values() if isinstance(v, float))
+    assert w["generation_tokens_per_s"] == pytest.approx(48 / w["duration_s"])
+    assert w["requests_finished"] == 3
+    assert w["mean_iteration_tokens"] == pytest.approx(69 / 48)
+    assert w["prefix_cache_hit_rate"] == 0.0
+    assert w["preemptions"] == 0
+    # Its 3 first tokens: one up to 20 ms, one in (20, 40] ms, one in (40, 60] ms. p50: rank 1.5
+    # in (0.02, 0.04], which holds the 2nd: 0.02 + 0.02 * 0.5 / 1.
+    assert w["ttft_p50_s"] == pytest.approx(0.03)
 
 
 def test_the_queueing_rule_is_the_kv_threshold(capsys: pytest.CaptureFixture[str]) -> None:
@@ -198,9 +209,26 @@ def test_scrape_failures_mid_watch_are_retried(capsys: pytest.CaptureFixture[str
     with serving(answers) as base:
         code, windows, err = watch_json(capsys, base, "--count", "1")
     assert code == 0
-    assert "warning" in err and "HTTP 503" in err and "retrying" in err
+    assert "warning" in err and "HTTP 503" in err and "trying again for up to 300 s" in err
+    assert "answers again after" in err
     assert windows[0]["num_requests_waiting"] == 20
     assert windows[0]["duration_s"] >= 0.1  # two intervals: the failed tick is inside
+
+
+def test_watch_gives_up_after_its_patience(capsys: pytest.CaptureFixture[str]) -> None:
+    # A server that answers once, then fails every scrape: after --patience seconds of
+    # failures in a row, one line and exit 1 (a failed run), not a wait without end.
+    with serving([text("at-rest"), (503, "down", "text/plain")]) as base:
+        t0 = time.monotonic()
+        code = main(["watch", base, "--json", "--interval", "0.05", "--patience", "0.3"])
+        elapsed = time.monotonic() - t0
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    last = err.splitlines()[-1]
+    assert last.startswith("pdscope: scrapes failed for ") and "in a row" in last
+    assert "HTTP 503" in last
+    assert err.count("trying again") == 1  # one warning an outage, not one a scrape
+    assert 0.3 <= elapsed < 30
 
 
 def test_ctrl_c_ends_a_live_watch_with_status_0() -> None:

@@ -1,7 +1,14 @@
-"""The command line: argument parsing and dispatch, nothing else.
+"""The command line: the flags, progress bars and terminal output of every command.
 
-Each command lives in its own module with ``register(subparsers)``, which adds its parser and
-sets ``handler``; the work itself is done by library functions a notebook can call too.
+Only this package knows flags: it turns them into library configs (which check themselves) and
+a config's complaint back into the flags a person typed. Each command lives in its own module
+with ``register(subparsers)``, which adds its parser and sets ``handler``; the work itself is
+done by library functions a notebook can call too.
+
+Exit status: 0 when the command did what it was asked, 1 when a run failed (the server is
+unreachable, no request completed, an experiment could not conclude: :class:`RunError`), 2 for
+bad input (a flag, a file, a URL: :class:`InputError`, checked before the first request), 130
+when interrupted. Every error is one line on stderr, ``pdscope: ...``.
 """
 
 from __future__ import annotations

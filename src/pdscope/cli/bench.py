@@ -7,7 +7,9 @@ import asyncio
 import math
 import signal
 import time
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -16,11 +18,20 @@ from pdscope.cli.common import (
     command_parser,
     console,
     err_console,
+    float_in,
+    make_config,
+    non_negative_float,
+    non_negative_int,
+    out_folder,
+    positive_float,
+    positive_int,
+    print_error,
     print_json,
     run_async,
+    share,
     warn,
 )
-from pdscope.cli.server_args import add_server_args, api_key
+from pdscope.cli.server_args import add_server_args, client_kwargs
 from pdscope.client import Timeouts
 from pdscope.errors import InputError
 from pdscope.load.bench import BenchConfig, BenchResult, Workload, run_bench
@@ -28,6 +39,7 @@ from pdscope.load.results import default_run_dir
 from pdscope.load.runner import Stage, StageRun
 from pdscope.load.schedule import parse_ints, parse_rates
 from pdscope.load.summary import parse_slo
+from pdscope.selftest.check import saved_capacity
 from pdscope.workload.datasets import parse_lengths
 
 EXAMPLES = """
@@ -59,26 +71,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("load")
     g.add_argument("--request-rate", metavar="R", help="requests a second (open loop, Poisson);"
                    " a list sweeps: 1,2,4,8; inf: all at once")
-    g.add_argument("--burstiness", type=float, default=1.0,
+    g.add_argument("--burstiness", type=float_in(0, 1000, above=True), default=1.0,
                    help="gamma shape of the gaps between arrivals: 1 Poisson, <1 burstier")
     g.add_argument("--concurrency", metavar="C",
                    help="streams (closed loop); a list sweeps: 1,4,16,64")
-    g.add_argument("--max-concurrency", type=int, metavar="C",
+    g.add_argument("--max-concurrency", type=positive_int, metavar="C",
                    help="open loop: at most C in flight; the wait is reported apart from TTFT")
-    g.add_argument("--ramp", type=float, default=0.0, metavar="S",
+    g.add_argument("--ramp", type=non_negative_float, default=0.0, metavar="S",
                    help="closed loop: start the streams evenly over S seconds (default 0)")
-    g.add_argument("--num-prompts", type=int, metavar="N", help="requests a stage")
-    g.add_argument("--duration", type=float, metavar="S", help="seconds a stage")
-    g.add_argument("--warmup", type=int, default=0, metavar="N",
+    g.add_argument("--num-prompts", type=positive_int, metavar="N", help="requests a stage")
+    g.add_argument("--duration", type=positive_float, metavar="S", help="seconds a stage")
+    g.add_argument("--warmup", type=non_negative_int, default=0, metavar="N",
                    help="first N requests of each stage left out of the statistics")
     w = p.add_argument_group("workload")
     w.add_argument("--input-len", default="512",
                    help="prompt tokens: N, uniform:MIN:MAX or normal:MEAN:SD (default 512)")
     w.add_argument("--output-len", default="128",
                    help="output tokens: N, uniform:MIN:MAX or normal:MEAN:SD (default 128)")
-    w.add_argument("--prefix-groups", type=int, metavar="G",
+    w.add_argument("--prefix-groups", type=positive_int, metavar="G",
                    help="shared-prefix workload: G groups, each with its own system prompt")
-    w.add_argument("--prefix-tokens", type=int, default=1000, metavar="S",
+    w.add_argument("--prefix-tokens", type=positive_int, default=1000, metavar="S",
                    help="tokens of each group's shared system prompt (default 1000)")
     w.add_argument("--dataset", metavar="PATH",
                    help="JSONL ({prompt|messages, max_tokens} a line) or ShareGPT JSON")
@@ -87,17 +99,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="let answers stop early (no ignore_eos / min_tokens)")
     w.add_argument("--seed", type=int, default=0, help="workload and arrival seed (0: random)")
     t = p.add_argument_group("timeouts (seconds)")
-    t.add_argument("--timeout-connect", type=float, default=Timeouts.connect)
-    t.add_argument("--timeout-first-token", type=float, default=Timeouts.first_token)
-    t.add_argument("--timeout-between-tokens", type=float, default=Timeouts.between_tokens)
-    t.add_argument("--timeout-total", type=float, default=Timeouts.total)
-    t.add_argument("--drain", type=float, default=30.0,
+    t.add_argument("--timeout-connect", type=positive_float, default=Timeouts.connect)
+    t.add_argument("--timeout-first-token", type=positive_float, default=Timeouts.first_token)
+    t.add_argument("--timeout-between-tokens", type=positive_float,
+                   default=Timeouts.between_tokens)
+    t.add_argument("--timeout-total", type=positive_float, default=Timeouts.total)
+    t.add_argument("--drain", type=non_negative_float, default=30.0,
                    help="after Ctrl-C, seconds in-flight requests get to finish (default 30)")
     o = p.add_argument_group("output")
     o.add_argument("--no-metrics", action="store_true",
                    help="do not scrape the server's /metrics beside the load (metrics.jsonl)")
     o.add_argument("--goodput", metavar="SLO", help="objectives in ms: ttft:500,tpot:50,e2el:5000")
-    o.add_argument("--out", metavar="DIR", help="run folder (default runs/bench-DATE-TIME)")
+    o.add_argument("--out", metavar="DIR", help="run folder (default runs/bench-DATE-TIME);"
+                   " made with its parents before the first request")
+    o.add_argument("--max-failed", type=share, metavar="F",
+                   help="exit 1 when more than this share (0 to 1) of a stage's requests failed"
+                   " (default: only when none completed)")
     o.add_argument("--json", action="store_true",
                    help="print the summary JSON (a list for a sweep) on stdout")
     p.set_defaults(handler=run)
@@ -108,55 +125,72 @@ def stages_from_args(args: argparse.Namespace) -> list[Stage]:
         raise InputError("give --request-rate or --concurrency (one of them)")
     if args.num_prompts is None and args.duration is None:
         raise InputError("give --num-prompts or --duration: a load test must end by itself")
-    if args.num_prompts is not None and args.num_prompts < 1:
-        raise InputError("--num-prompts must be at least 1")
-    if args.duration is not None and not args.duration > 0:
-        raise InputError("--duration must be positive")
+    if args.prefix_groups is not None and args.dataset:
+        raise InputError("--prefix-groups and --dataset exclude each other: a dataset brings"
+                         " its own prompts")
     common: dict[str, Any] = dict(
-        num_prompts=args.num_prompts, duration_s=args.duration, warmup=max(0, args.warmup),
+        num_prompts=args.num_prompts, duration_s=args.duration, warmup=args.warmup,
         seed=args.seed,
     )
     if args.request_rate is not None:
         return [Stage(request_rate=r, burstiness=args.burstiness,
                       max_concurrency=args.max_concurrency, **common)
-                for r in parse_rates(args.request_rate)]
-    if args.ramp < 0:
-        raise InputError("--ramp must not be negative")
+                for r in _flagged("--request-rate", parse_rates, args.request_rate)]
     return [Stage(concurrency=c, ramp_s=args.ramp, **common)
             for c in parse_ints(args.concurrency, "--concurrency")]
+
+
+T = TypeVar("T")
+
+
+def _flagged(flag: str, parse: Callable[[str], T], text: str) -> T:
+    """``parse(text)``, its complaint naming the flag."""
+    try:
+        return parse(text)
+    except InputError as exc:
+        message = str(exc)
+        raise InputError(message if flag in message else f"{flag}: {message}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     stages = stages_from_args(args)
     workload = Workload(
-        input_len=parse_lengths(args.input_len),
-        output_len=parse_lengths(args.output_len),
+        input_len=_flagged("--input-len", parse_lengths, args.input_len),
+        output_len=_flagged("--output-len", parse_lengths, args.output_len),
         dataset=args.dataset,
         dataset_format=args.dataset_format,
         prefix_groups=args.prefix_groups,
         prefix_tokens=args.prefix_tokens,
     )
-    config = BenchConfig(
-        model=args.model,
-        api=args.api,
-        api_key=api_key(args),
-        fixed_output=not args.no_fixed_output,
-        seed=args.seed,
+    config = make_config(
+        BenchConfig, {"drain_s": "--drain"},
+        **client_kwargs(args),
         timeouts=Timeouts(connect=args.timeout_connect, first_token=args.timeout_first_token,
                           between_tokens=args.timeout_between_tokens, total=args.timeout_total),
         slo=parse_slo(args.goodput) if args.goodput else None,
         drain_s=args.drain,
         record_metrics=not args.no_metrics,
+        client_capacity_streams=saved_capacity(),
+        max_failed=args.max_failed,
     )
-    folder = args.out or default_run_dir()
-    result = _run_with_progress(args.url, config, stages, workload, folder)
+    if args.dataset and not Path(args.dataset).is_file():
+        raise InputError(f"--dataset {args.dataset}: no such file")
+    with out_folder(args.out or default_run_dir()) as folder:
+        result = _run_with_progress(args.url, config, stages, workload, folder)
     for w in result.warnings:
         warn(w)
-    if args.json:
-        print_json(result.summaries if result.sweep else result.summaries[0])
-    else:
-        show(result)
-    return 130 if any(r.interrupted for r in result.runs) else 0
+    if result.summaries:
+        if args.json:
+            print_json(result.summaries if result.sweep else result.summaries[0])
+        else:
+            show(result)
+    if any(r.interrupted for r in result.runs):
+        return 130
+    failure = result.failure(config.max_failed)
+    if failure is not None:
+        print_error(failure)
+        return 1
+    return 0
 
 
 def _run_with_progress(url: str, config: BenchConfig, stages: list[Stage], workload: Workload,
@@ -179,6 +213,7 @@ def _run_with_progress(url: str, config: BenchConfig, stages: list[Stage], workl
         with Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), console=err_console, transient=True,
+            disable=not err_console.is_terminal,  # a failure off a terminal is one line
         ) as bar:
             def for_stage(stage: Stage) -> Any:
                 total = stage.num_prompts + stage.warmup if stage.num_prompts else None

@@ -15,7 +15,7 @@ from pdscope.cli.common import (
     positive_int,
     print_json,
 )
-from pdscope.cli.targets import (
+from pdscope.cli.model_args import (
     add_device_args,
     add_model_args,
     check_context,
@@ -99,10 +99,14 @@ def run(args: argparse.Namespace) -> int:
         print_json(out)
         return 0
 
+    counts = []
+    if model.active_parameters < model.parameters:
+        counts.append(f"{human_count(model.active_parameters)} active")
+    if model.parameters_read_per_token < model.active_parameters:
+        counts.append(f"{human_count(model.parameters_read_per_token)} read a token")
     title = (
         f"{model.name}: {human_count(model.parameters)} parameters"
-        + (f" ({human_count(model.active_parameters)} read a token)"
-           if model.active_parameters < model.parameters else "")
+        + (f" ({', '.join(counts)})" if counts else "")
         + f", {model.weight_dtype}, {human_bytes(model.read_weight_bytes())} read a token"
         + (f" + {human_bytes(rows[0].decode.kv_bytes_read)} of KV at {args.context:,} tokens"
            if args.context and rows else "")

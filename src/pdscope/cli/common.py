@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
 import re
 import sys
-from collections.abc import Callable, Coroutine
+import tempfile
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from rich.console import Console
+
+from pdscope.errors import InputError
+from pdscope.load.results import rescue_dir
 
 
 def _width() -> int | None:
@@ -88,6 +95,73 @@ def command_parser(
 
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
+# The largest count or number of seconds a flag takes: far beyond any real run, and small
+# enough that no arithmetic on it overflows (a float holds every whole number up to 2**53).
+MAX_COUNT = 1_000_000_000
+MAX_SECONDS = 1_000_000_000.0
+MAX_PARAMETERS = 1e15
+
+
+def _finite(text: str) -> float:
+    """A float that is a number: ``inf``, ``nan`` and what overflows (``1e999``) are not."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def _whole(text: str) -> int:
+    """A whole number as people write it: ``5``, ``1e3``, ``2.0``; never ``1.5`` or ``inf``."""
+    stripped = text.strip()
+    if re.fullmatch(r"[-+]?\d{1,30}", stripped):
+        return int(stripped)
+    try:
+        value = float(stripped)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite whole number, got {text}")
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(value)
+
+
+def int_in(low: int, high: int = MAX_COUNT) -> Callable[[str], int]:
+    """argparse type: a whole number from ``low`` to ``high``; the message says the range."""
+
+    def parse(text: str) -> int:
+        value = _whole(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low:,} to {high:,}, got {text}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def float_in(low: float, high: float = MAX_SECONDS, *, above: bool = False,
+             ) -> Callable[[str], float]:
+    """argparse type: a finite number from ``low`` (or ``above`` it) to ``high``."""
+
+    def parse(text: str) -> float:
+        value = _finite(text)
+        if (value <= low if above else value < low) or value > high:
+            span = (f"above {_g(low)} and at most {_g(high)}" if above
+                    else f"from {_g(low)} to {_g(high)}")
+            raise argparse.ArgumentTypeError(f"must be {span}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _g(x: float) -> str:
+    """``1,000,000`` rather than ``1e+06``."""
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
 
 def parse_count(text: str) -> float:
     """A count as people write it: ``8e9``, ``8B``, ``135M``, ``70.6b``, ``8000000000``."""
@@ -95,46 +169,173 @@ def parse_count(text: str) -> float:
     if not m:
         raise argparse.ArgumentTypeError(f"not a number: {text!r} (try 8e9 or 8B)")
     value = float(m.group(1)) * _SUFFIX.get(m.group(2).lower(), 1.0)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    if not value <= MAX_PARAMETERS:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_PARAMETERS:g} (a thousand times the largest model), got {text}")
     return value
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(float(text)) if re.fullmatch(r"\s*\d+(\.0*)?(e\d+)?\s*", text) else int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
+    """A whole number from 1 to :data:`MAX_COUNT`."""
+    return int_in(1)(text)
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
-    return value
+    """A whole number from 0 to :data:`MAX_COUNT`."""
+    return int_in(0)(text)
+
+
+def positive_float(text: str) -> float:
+    """A finite number above 0, at most :data:`MAX_SECONDS`."""
+    return float_in(0, above=True)(text)
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number from 0 to :data:`MAX_SECONDS`."""
+    return float_in(0)(text)
 
 
 def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    """A share above 0, at most 1 (``--mem-util``)."""
+    value = _finite(text)
     if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
     return value
+
+
+def share(text: str) -> float:
+    """A share from 0 to 1, both included (``--max-failed``, ``--fault-rate``)."""
+    value = _finite(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {text}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: any free port)."""
+    return int_in(0, 65535)(text)
+
+
+# ------------------------------------------------------------------------- where results go
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def check_out_file(path: str | Path, flag: str = "--out") -> Path:
+    """Before anything is measured: ``path`` can be written as a file. Its folder must exist
+    (a file's folder is never created: a mistyped folder fails here, at once), it must not be
+    a folder, and a write there must work. Leaves no file behind that was not there."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{flag} {path}: that is a folder; give a file name in it")
+    folder = p.parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise InputError(f"{flag} {path}: {_blocker(folder)} {what} (pdscope creates the"
+                         " folder of an --out DIR, never the folder of an --out FILE)")
+    existed = p.exists()
+    try:
+        with open(p, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot write a file there: {_reason(exc)}") from None
+    if not existed:
+        with contextlib.suppress(OSError):
+            p.unlink()
+    return p
+
+
+def _blocker(folder: Path) -> Path:
+    """The first part of ``folder`` that is missing or is a file."""
+    for part in reversed((folder, *folder.parents)):
+        if not part.is_dir():
+            return part
+    return folder
+
+
+@contextlib.contextmanager
+def out_folder(path: str | Path, flag: str = "--out") -> Iterator[Path]:
+    """Create the folder ``path`` (and its parents) before anything is measured, or fail at
+    once with one line; the run then goes on inside the ``with``. Folders made here are
+    removed again when the run fails before writing anything into them."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise InputError(f"{flag} {path}: a file of that name exists; give a folder")
+    made = [q for q in (p, *p.parents) if not q.exists()]
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InputError(f"{flag} {path}: cannot create that folder:"
+                         f" {_blocker(p)} is a file") from None
+    except OSError as exc:
+        raise InputError(f"{flag} {path}: cannot create that folder: {_reason(exc)}") from None
+    try:
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as exc:
+        _remove_empty(made)
+        raise InputError(f"{flag} {path}: cannot write in that folder: {_reason(exc)}") from None
+    try:
+        yield p
+    except BaseException:
+        _remove_empty(made)
+        raise
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders this run made, deepest first, while they are empty."""
+    for q in folders:
+        try:
+            q.rmdir()
+        except OSError:
+            return
+
+
+def write_result(path: str | Path, text: str, what: str = "the result") -> Path:
+    """Write ``text`` to ``path``; when that fails (the disk filled, the folder went away),
+    write it to the rescue folder (:func:`pdscope.load.results.rescue_dir`), else the current
+    folder, and say where in a warning. A result is never dropped: as a last resort it goes
+    to stdout."""
+    p = Path(path)
+    try:
+        p.write_text(text, encoding="utf-8")
+        return p
+    except OSError as exc:
+        reason = _reason(exc)
+    for folder in (rescue_dir(), Path.cwd()):
+        target = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{p.name or 'result.json'}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        except OSError:
+            continue
+        warn(f"could not write {what} to {path} ({reason}); wrote it to {target} instead")
+        return target
+    warn(f"could not write {what} to {path} ({reason}) nor to {rescue_dir()}: it follows on"
+         " stdout")
+    print(text)
+    return p
+
+
+C = TypeVar("C")
+
+
+def make_config(factory: Callable[..., C], flags: dict[str, str] | None = None,
+                **fields: Any) -> C:
+    """Build a library config from flag values. A config checks itself in library words
+    (``runs must be at least 1``); here its field names become the flags a person typed
+    (``--runs``), or ``flags[field]`` where the flag is named otherwise."""
+    try:
+        return factory(**fields)
+    except InputError as exc:
+        message = str(exc)
+        names = {name: "--" + name.replace("_", "-") for name in fields} | (flags or {})
+        for name in sorted(names, key=len, reverse=True):
+            message = re.sub(rf"(?<![\w-]){re.escape(name)}\b", names[name], message)
+        raise InputError(message) from None

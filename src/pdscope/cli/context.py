@@ -6,17 +6,17 @@ import argparse
 
 from rich.table import Table
 
-from pdscope.cli.common import command_parser, console, positive_int
+from pdscope.cli.common import command_parser, console, make_config, positive_int
 from pdscope.cli.experiment import (
     add_client_args,
     check_mark,
-    client_kwargs,
     counts,
     emit,
     footer,
     header,
     measure,
 )
+from pdscope.cli.server_args import client_kwargs
 from pdscope.experiments.context import ContextConfig, ContextResult, run_context
 from pdscope.report.fmt import human_bytes, rate, seconds
 
@@ -55,11 +55,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = ContextConfig(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
-                           runs=args.runs, bin_tokens=args.bin_tokens, **client_kwargs(args))
+    config = make_config(ContextConfig, prompt_tokens=args.prompt_tokens,
+                         max_tokens=args.max_tokens, runs=args.runs, bin_tokens=args.bin_tokens,
+                         **client_kwargs(args))
     total = 1 + config.runs * len(config.prompt_tokens)
-    result = measure(args, "context", total,
-                     lambda progress: run_context(args.url, config, progress=progress))
+    result = measure(args, "context", total, config,
+                     lambda conn, progress: run_context(conn, config, progress=progress))
     if not emit(args, result):
         show(result)
     return 0

@@ -6,7 +6,7 @@ import argparse
 
 from pdscope import lab
 from pdscope.cli import doctor as doctor_cmd
-from pdscope.cli.common import command_parser, console
+from pdscope.cli.common import command_parser, console, out_folder
 from pdscope.cli.lab import print_started, start_with_progress
 
 EXAMPLES = """
@@ -33,13 +33,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    server, reused, took = start_with_progress(args.engine, None, [], 900.0)
-    print_started(server, reused, took)
+    if args.out:
+        with out_folder(args.out):  # a bad --out fails now, not after the lab's start
+            pass
     engine = lab.get_engine(args.engine)
+    server, reused, took = start_with_progress(engine.name, None, [], 900.0)
+    print_started(server, reused, took)
     console.rule(f"pdscope doctor on the lab's {engine.name}")
     doctor_args = argparse.Namespace(
         url=server.url, model=None, api="auto", api_key=None, api_key_env=None, device=None,
         model_config=None, quick=args.quick, slo="ttft:2000,itl:200", out=args.out,
         compare_with=[], json=False,
     )
-    return doctor_cmd.run(doctor_args)
+    try:
+        return doctor_cmd.run(doctor_args)
+    finally:
+        console.print(f"\nThe lab's {engine.name} server is still running at {server.url}"
+                      f" (pid {server.pid}): stop it with `pdscope lab stop`.")

@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from pdscope.cli.common import command_parser, console, print_json
-from pdscope.hardware import DeviceSpec, all_devices
+from pdscope.hardware import DeviceSpec, all_devices, measure
 
 EXAMPLES = """
   pdscope devices                 every device with its bandwidth, FLOPS and source
@@ -49,16 +49,14 @@ def _row(d: DeviceSpec) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdscope.hardware import probe
-
     local: dict[str, Any] | None = None
     if args.probe:
-        gpus = probe.nvidia_smi_gpus()
-        bw = probe.probe_cpu_bandwidth()
-        fp32 = probe.probe_cpu_matmul_tflops()
-        bf16 = probe.probe_cpu_matmul_bf16_tflops()
-        flops, how = probe.best_cpu_matmul_tflops_of(fp32, bf16)
-        cpu = probe.local_cpu_spec(bw, flops, how)
+        gpus = measure.nvidia_smi_gpus()
+        bw = measure.probe_cpu_bandwidth()
+        fp32 = measure.probe_cpu_matmul_tflops()
+        bf16 = measure.probe_cpu_matmul_bf16_tflops()
+        flops, how = measure.best_cpu_matmul_tflops_of(fp32, bf16)
+        cpu = measure.local_cpu_spec(bw, flops, how)
         local = {
             "cpu": _row(cpu),
             "copy_gb_s": bw.copy_gb_s,
@@ -69,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             "matmul_tflops_fp32": fp32,
             "matmul_tflops_bf16": bf16,
             "nvidia_gpus": [
-                {"name": n, "matched": (m.id if (m := probe.match_gpu_name(n)) else None)}
+                {"name": n, "matched": (m.id if (m := measure.match_gpu_name(n)) else None)}
                 for n in gpus
             ],
         }

@@ -8,12 +8,21 @@ from pathlib import Path
 
 from rich.table import Table
 
-from pdscope.cli.common import command_parser, console, err_console, print_json, run_async
-from pdscope.cli.server_args import add_server_args, api_key
-from pdscope.doctor.report import phase_cards
-from pdscope.doctor.run import DoctorConfig, DoctorRun, run_doctor, write_run
+from pdscope.cli.common import (
+    command_parser,
+    console,
+    err_console,
+    make_config,
+    out_folder,
+    print_json,
+    run_async,
+    warn,
+)
+from pdscope.cli.server_args import add_server_args, check_ceiling_args, client_kwargs
+from pdscope.doctor.report import phase_cards, write_run
+from pdscope.doctor.run import DoctorConfig, DoctorRun, previous_interference, run_doctor
 from pdscope.errors import InputError
-from pdscope.load.results import default_run_dir
+from pdscope.load.results import default_run_dir, rescue_dir
 
 EXAMPLES = """
   pdscope doctor http://127.0.0.1:28100 --quick      the lab's vLLM, in under a minute
@@ -44,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fewer runs, no context sweep: under a minute on the lab")
     p.add_argument("--slo", default="ttft:2000,itl:200", metavar="ttft:MS,itl:MS",
                    help="objectives for the capacity sweep (default ttft:2000,itl:200)")
-    p.add_argument("--out", metavar="DIR", help="output folder (default runs/doctor-DATE-TIME)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default runs/doctor-DATE-TIME);"
+                   " made with its parents before the first request")
     p.add_argument("--compare-with", action="append", default=[], metavar="DIR",
                    help="an earlier doctor --out folder: set its prefill stalls beside these")
     p.add_argument("--json", action="store_true", help="print the findings and evidence as JSON")
@@ -62,27 +72,33 @@ def parse_slo(text: str) -> tuple[float, float]:
             limits[name] = float(value)
         except ValueError:
             raise InputError(f"bad --slo {part!r}: the limit is in milliseconds") from None
-        if limits[name] <= 0:
-            raise InputError(f"bad --slo {part!r}: the limit must be positive")
+        if not 0 < limits[name] < float("inf"):
+            raise InputError(f"bad --slo {part!r}: the limit must be a positive number of"
+                             " milliseconds")
     return limits["ttft"], limits["itl"]
 
 
 def run(args: argparse.Namespace) -> int:
     ttft_ms, itl_ms = parse_slo(args.slo)
     out = Path(args.out) if args.out else default_run_dir("doctor")
-    config = DoctorConfig(
-        quick=args.quick, api=args.api, model=args.model, api_key=api_key(args),
-        device=args.device, model_config=args.model_config, slo_ttft_ms=ttft_ms,
+    config = make_config(
+        DoctorConfig, {"slo_ttft_ms": "--slo ttft", "slo_itl_ms": "--slo itl"},
+        quick=args.quick, **client_kwargs(args), device=args.device,
+        model_config=args.model_config, slo_ttft_ms=ttft_ms,
         slo_itl_ms=itl_ms, out=out, compare_with=tuple(Path(p) for p in args.compare_with),
     )
+    # Everything that would otherwise fail only at the end is read before the first request.
+    for folder in config.compare_with:
+        previous_interference(folder)
+    check_ceiling_args(args)
     t0 = time.monotonic()
-    with err_console.status("doctor: starting") as status:
+    with out_folder(out), err_console.status("doctor: starting") as status:
 
         def progress(step: str) -> None:
             status.update(f"doctor: {step} [dim]({time.monotonic() - t0:.0f} s)[/dim]")
 
         result = run_async(lambda: run_doctor(args.url, config, progress))
-    paths = write_run(result, out)
+    paths = _write(result, out)
     took = time.monotonic() - t0
     if args.json:
         print_json({
@@ -95,6 +111,23 @@ def run(args: argparse.Namespace) -> int:
         return 0
     show(result, paths, took)
     return 0
+
+
+def _write(result: DoctorRun, out: Path) -> dict[str, Path]:
+    """The run folder; in the rescue folder, with a warning, when ``out`` cannot be written
+    any more (the disk filled, the folder went away): a diagnosis is never dropped."""
+    try:
+        return write_run(result, out)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    rescue = rescue_dir() / f"{out.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        paths = write_run(result, rescue)
+    except OSError:
+        rescue = Path.cwd() / f"{out.name}-rescued"
+        paths = write_run(result, rescue)
+    warn(f"could not write the report to {out} ({reason}); wrote it to {rescue} instead")
+    return paths
 
 
 def show(run: DoctorRun, paths: dict[str, Path], took: float) -> None:

@@ -9,24 +9,44 @@ import json
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pdscope.cli.common import console, err_console, print_json
-from pdscope.cli.server_args import add_server_args, api_key
+from pdscope.cli.common import (
+    MAX_COUNT,
+    check_out_file,
+    console,
+    err_console,
+    print_json,
+    write_result,
+)
+from pdscope.cli.server_args import add_server_args, check_ceiling_args
 from pdscope.client import ServerInfo, Target
 from pdscope.errors import InputError
-from pdscope.experiments.common import CeilingInputs, ProgressFn, find_ceiling_inputs, parse_counts
+from pdscope.experiments.common import (
+    CeilingInputs,
+    ClientOptions,
+    Connection,
+    ProgressFn,
+    connect,
+    find_ceiling_inputs,
+    parse_counts,
+)
 
 
 def counts(text: str) -> tuple[int, ...]:
     """argparse type: ``200,500,1000``."""
     try:
-        return parse_counts(text, "list")
+        values = parse_counts(text, "list")
     except InputError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("list: ")) from None
+    except (OverflowError, ValueError):  # inf, nan
+        values = (MAX_COUNT + 1,)
+    if max(values) > MAX_COUNT:
+        raise argparse.ArgumentTypeError(
+            f"each must be a whole count from 1 to {MAX_COUNT:,}, got {text}")
+    return values
 
 
 def add_client_args(p: argparse.ArgumentParser) -> None:
@@ -38,12 +58,9 @@ def add_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--raw", action="store_true",
                    help="with --json or --out, include every request's timing record")
-    p.add_argument("--out", metavar="FILE", help="also write the JSON here")
-
-
-def client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {"api": args.api, "model": args.model, "api_key": api_key(args),
-            "fixed_output": not args.no_fixed_output, "seed": args.seed}
+    p.add_argument("--out", metavar="FILE",
+                   help="also write the JSON here (its folder must exist; checked before the"
+                   " first request)")
 
 
 @contextmanager
@@ -80,26 +97,39 @@ R = TypeVar("R", bound=_Result)
 
 
 def measure(
-    args: argparse.Namespace, label: str, total: int,
-    experiment: Callable[[ProgressFn], Awaitable[R]],
+    args: argparse.Namespace, label: str, total: int, options: ClientOptions,
+    experiment: Callable[[Connection, ProgressFn], Awaitable[R]],
 ) -> R:
-    """Run an experiment under a progress bar, then find what its ceiling is set beside."""
+    """Run an experiment under a progress bar on one connection to the server, then find on
+    that connection what its ceiling is set beside. ``--out``, ``--device`` and
+    ``--model-config`` are checked first: nothing is measured that could not be kept."""
+    check_before_measuring(args)
 
     async def go() -> R:
-        with progress_bar(label, total) as progress:
-            result = await experiment(progress)
-        ceiling = await find_ceiling_inputs(
-            result.server.base_url, result.target.model, device=args.device,
-            model_config=args.model_config, api_key=api_key(args))
+        async with connect(args.url, options) as conn:
+            with progress_bar(label, total) as progress:
+                result = await experiment(conn, progress)
+            ceiling = await find_ceiling_inputs(
+                conn, result.target.model, device=args.device,
+                model_config=args.model_config, api_key=options.api_key)
         return replace(result, ceiling=ceiling)  # type: ignore[type-var]
 
     return asyncio.run(go())
 
 
+def check_before_measuring(args: argparse.Namespace) -> None:
+    """What would otherwise fail only after the measurement: ``--out`` cannot be written,
+    ``--device`` is unknown, ``--model-config`` is no model."""
+    if getattr(args, "out", None):
+        check_out_file(args.out)
+    check_ceiling_args(args)
+
+
 def emit(args: argparse.Namespace, result: _Result) -> bool:
-    """Write ``--out``, print ``--json``; True when the JSON was printed."""
+    """Write ``--out`` (to the rescue folder when that fails, with a warning), print
+    ``--json``; True when the JSON was printed."""
     if args.out:
-        Path(args.out).write_text(json.dumps(result.to_json(raw=args.raw), indent=2))
+        write_result(args.out, json.dumps(result.to_json(raw=args.raw), indent=2))
     if args.json:
         print_json(result.to_json(raw=args.raw))
         return True

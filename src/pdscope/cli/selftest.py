@@ -7,7 +7,19 @@ import math
 
 from rich.table import Table
 
-from pdscope.cli.common import command_parser, console, err_console, print_json, run_async
+from pdscope.cli.common import (
+    command_parser,
+    console,
+    err_console,
+    float_in,
+    int_in,
+    port,
+    print_json,
+    run_async,
+    share,
+)
+from pdscope.errors import InputError, RunError
+from pdscope.load.schedule import parse_ints
 from pdscope.selftest.check import (
     DEFAULT_LEVELS,
     ERROR_LIMIT_MS,
@@ -15,6 +27,7 @@ from pdscope.selftest.check import (
     run_selftest,
     save,
 )
+from pdscope.selftest.server import main as serve
 
 EXAMPLES = """
   pdscope selftest                         rising concurrency until the error passes 1 ms
@@ -39,9 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--levels", default=",".join(map(str, DEFAULT_LEVELS)),
                    help=f"concurrencies to try (default {','.join(map(str, DEFAULT_LEVELS))})")
-    p.add_argument("--itl-ms", type=float, default=10.0, help="the server's ITL (default 10)")
-    p.add_argument("--ttft-ms", type=float, default=50.0, help="the server's TTFT (default 50)")
-    p.add_argument("--output-tokens", type=int, default=100, help="tokens a request (100)")
+    p.add_argument("--itl-ms", type=float_in(0, 10_000, above=True), default=10.0,
+                   help="the server's ITL, above 0 and at most 10,000 ms (default 10)")
+    p.add_argument("--ttft-ms", type=float_in(0, 60_000), default=50.0,
+                   help="the server's TTFT, 0 to 60,000 ms (default 50)")
+    p.add_argument("--output-tokens", type=int_in(2, 100_000), default=100,
+                   help="tokens a request, 2 to 100,000 (default 100)")
     p.add_argument("--burst", action="store_true",
                    help="start every stream at once (default: spread over one request's length,"
                    " as independent users arrive); a burst measures the server's backlog too")
@@ -49,23 +65,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run every level even after one fails the 1 ms limit")
     p.add_argument("--serve", action="store_true",
                    help="only run the reference server until Ctrl-C (prints its URL)")
-    p.add_argument("--port", type=int, default=0, help="with --serve: the port (0: any)")
-    p.add_argument("--fault-rate", type=float, default=0.0,
-                   help="with --serve: share of requests given a random fault")
+    p.add_argument("--port", type=port, default=0, help="with --serve: the port (0: any)")
+    p.add_argument("--fault-rate", type=share, default=0.0,
+                   help="with --serve: share of requests (0 to 1) given a random fault")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdscope.load.schedule import parse_ints
-
     if args.serve:
-        from pdscope.selftest.server import main as serve
-
         argv = ["--port", str(args.port), "--itl-s", str(args.itl_ms / 1000),
                 "--ttft-base-s", str(args.ttft_ms / 1000), "--fault-rate", str(args.fault_rate)]
-        serve(argv)
+        try:
+            serve(argv)
+        except OSError as exc:
+            raise RunError(f"cannot serve on 127.0.0.1:{args.port}:"
+                           f" {exc.strerror or exc}") from None
         return 0
+    if args.port or args.fault_rate:
+        raise InputError("--port and --fault-rate go with --serve (the self-test starts its own"
+                         " server, without faults)")
     levels = parse_ints(args.levels, "--levels")
 
     async def main() -> SelftestResult:

@@ -7,17 +7,17 @@ import argparse
 
 from rich.table import Table
 
-from pdscope.cli.common import command_parser, console, positive_int
+from pdscope.cli.common import command_parser, console, make_config, positive_int
 from pdscope.cli.experiment import (
     add_client_args,
     check_mark,
-    client_kwargs,
     counts,
     emit,
     footer,
     header,
     measure,
 )
+from pdscope.cli.server_args import client_kwargs
 from pdscope.experiments.sweep import BARELY_MOVES, SweepConfig, SweepResult, run_sweep
 from pdscope.report.fmt import rate, seconds
 
@@ -59,11 +59,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = SweepConfig(prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
+    config = make_config(SweepConfig, prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
                          runs=args.runs, **client_kwargs(args))
     total = 1 + config.runs * len(config.prompt_tokens)
-    result = measure(args, "sweep", total,
-                     lambda progress: run_sweep(args.url, config, progress=progress))
+    result = measure(args, "sweep", total, config,
+                     lambda conn, progress: run_sweep(conn, config, progress=progress))
     if not emit(args, result):
         show(result)
     return 0

@@ -24,16 +24,17 @@ from pdscope.cli.common import (
     print_json,
     warn,
 )
+from pdscope.cli.server_args import server_url
 from pdscope.errors import InputError, RunError
 from pdscope.hardware.devices import find_device
 from pdscope.metrics import (
-    FAMILIES,
+    METRIC_MAPS,
     MetricMap,
     Snapshot,
     Window,
-    detect_family,
-    family_by_name,
+    detect_metric_map,
     make_window,
+    metric_map_named,
     metrics_url,
     scrape,
 )
@@ -53,14 +54,14 @@ EXAMPLES = """
       a Grafana dashboard of the same names, for Prometheus users
 """
 
-# Scrapes that may fail in a row (a server restarting) before watch gives up.
-MAX_FAILURES = 5
+# Seconds of failed scrapes in a row (a server restarting) before watch gives up, by default.
+PATIENCE_S = 300.0
 
 LEVEL_STYLE = {"ok": "", "warn": "bold yellow", "unknown": "dim"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    families = [f.name for f in FAMILIES]
+    families = [m.name for m in METRIC_MAPS]
     p = command_parser(
         sub,
         "watch",
@@ -76,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         EXAMPLES,
     )
     p.add_argument(
-        "url", nargs="?", metavar="URL",
+        "url", nargs="?", metavar="URL", type=server_url,
         help="the server's base URL (http://host:port; a trailing /v1 or /metrics is fine)",
     )
     p.add_argument("--interval", type=positive_float, default=2.0, metavar="S",
@@ -97,6 +98,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--timeout", type=positive_float, default=5.0, metavar="S",
                    help="seconds to wait for one scrape (default 5)")
+    p.add_argument(
+        "--patience", type=positive_float, default=PATIENCE_S, metavar="S",
+        help="while scrapes fail (a server restarting), keep trying for S seconds before "
+        f"giving up (default {PATIENCE_S:g}); the window across a restart says so",
+    )
     p.add_argument("--grafana-dashboard", action="store_true",
                    help="print a Grafana dashboard JSON of the five names and exit")
     p.set_defaults(handler=run)
@@ -104,14 +110,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.grafana_dashboard:
-        print_json(grafana_dashboard(family_by_name(args.family or "vllm")))
+        print_json(grafana_dashboard(metric_map_named(args.family or "vllm")))
         return 0
     if not args.url:
         raise InputError("watch: give the server's URL, e.g. http://127.0.0.1:8000 (see --help)")
     if args.once and args.count is not None:
         raise InputError("watch: --once and --count exclude each other (--once is --count 1)")
     ceiling = find_device(args.device).mem_bandwidth_gb_s if args.device else None
-    family = family_by_name(args.family) if args.family else None
+    family = metric_map_named(args.family) if args.family else None
     windows = 1 if args.once else args.count
     try:
         asyncio.run(watch(args, family, windows, ceiling))
@@ -130,7 +136,7 @@ async def watch(
     async with aiohttp.ClientSession() as session:
         previous = await scrape(url, session, timeout=args.timeout)
         if family is None:
-            family = detect_family(previous.names)
+            family = detect_metric_map(previous.names)
         if family is None:
             raise RunError(
                 f"{metrics_url(url)} serves Prometheus text, but none of the metrics of vLLM, "
@@ -185,19 +191,26 @@ async def _loop(
     start = time.monotonic()
     tick = 0
     done = 0
-    failures = 0
+    down_since: float | None = None  # when the first of the scrapes failing in a row failed
     while windows is None or done < windows:
         tick += 1
         await asyncio.sleep(max(0.0, start + tick * args.interval - time.monotonic()))
         try:
             current = await scrape(args.url, session, timeout=args.timeout)
         except RunError as exc:
-            failures += 1
-            if failures >= MAX_FAILURES:
-                raise RunError(f"{failures} scrapes in a row failed, the last: {exc}") from exc
-            warn(f"{exc} (retrying)")
+            now = time.monotonic()
+            if down_since is None:
+                down_since = now
+                warn(f"{exc}; trying again for up to {args.patience:g} s")
+            elif now - down_since >= args.patience:
+                raise RunError(
+                    f"scrapes failed for {now - down_since:.0f} s in a row, the last: {exc}"
+                ) from exc
             continue
-        failures = 0
+        if down_since is not None:
+            warn(f"{metrics_url(args.url)} answers again after "
+                 f"{time.monotonic() - down_since:.0f} s")
+            down_since = None
         show(make_window(previous, current, family, model=args.model, engine=args.engine))
         previous = current
         done += 1

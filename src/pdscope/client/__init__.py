@@ -11,9 +11,10 @@ Every figure follows the definitions in :mod:`pdscope.client.record`; where ``t_
 is told in :mod:`pdscope.client.session`.
 """
 
+from pdscope.client.counters import decode_rate, implausible_prefill, prefill_rate
 from pdscope.client.detect import (
     ServerInfo,
-    ServerKind,
+    choose_target,
     detect_server,
     detokenize,
     resolve_target,
@@ -21,12 +22,9 @@ from pdscope.client.detect import (
     tokenize,
 )
 from pdscope.client.faults import classify_status, raise_for_record
-from pdscope.client.ollama import decode_rate, implausible_prefill, prefill_rate
-from pdscope.client.openai import fixed_output_fields
+from pdscope.client.options import ClientOptions
 from pdscope.client.record import (
-    APIS,
     ERROR_KINDS,
-    Api,
     ErrorKind,
     RecordBuilder,
     RequestRecord,
@@ -34,27 +32,28 @@ from pdscope.client.record import (
 )
 from pdscope.client.request import build_request, stream_request
 from pdscope.client.session import Timeouts, new_session, trace_config
-from pdscope.client.target import Target, root_url
+from pdscope.client.target import APIS, Api, Target, is_loopback, root_url
 
 __all__ = [
     "APIS",
     "ERROR_KINDS",
     "Api",
+    "ClientOptions",
     "ErrorKind",
     "RecordBuilder",
     "RequestRecord",
     "ServerInfo",
-    "ServerKind",
     "Target",
     "Timeouts",
     "TokenCountSource",
     "build_request",
+    "choose_target",
     "classify_status",
     "decode_rate",
     "detect_server",
     "detokenize",
-    "fixed_output_fields",
     "implausible_prefill",
+    "is_loopback",
     "new_session",
     "prefill_rate",
     "raise_for_record",

@@ -1,32 +1,11 @@
 """Which server is this? Its kind, models, version, tokenizer endpoint and metrics.
 
-Each family answers a question the others do not (a 404 elsewhere). The questions, and where
-each answer's shape was checked:
-
-* Ollama: ``GET /api/version`` → ``{"version": ...}``, models from ``GET /api/tags``
-  (ollama/ollama ``docs/api.md``).
-* llama.cpp server: ``GET /props`` → ``default_generation_settings``, ``build_info``, ...
-  (ggml-org/llama.cpp ``tools/server/README.md``). Tokenizer ``POST /tokenize``
-  ``{"content": ...}`` → ``{"tokens": [...]}``; ``POST /detokenize`` ``{"tokens": [...]}``.
-* llama-cpp-python (``python -m llama_cpp.server``): ``POST /extras/tokenize``
-  ``{"input": ..., "model": ...}`` → ``{"tokens": [...]}``; ``/extras/tokenize/count`` →
-  ``{"count": n}``; ``/extras/detokenize`` ``{"tokens": [...]}`` → ``{"text": ...}``
-  (abetlen/llama-cpp-python ``llama_cpp/server/app.py`` and ``types.py``). It has no
-  ``/props``, ``/version`` or ``/metrics``.
-* vLLM: ``vllm:`` names on ``GET /metrics``, version from ``GET /version``. Tokenizer
-  ``POST /tokenize`` ``{"model", "prompt"}`` → ``{"count", "max_model_len", "tokens"}``;
-  ``POST /detokenize`` ``{"model", "tokens"}`` → ``{"prompt"}`` (vllm-project/vllm
-  ``vllm/entrypoints/openai/protocol.py``, ``TokenizeResponse`` / ``DetokenizeResponse``).
-* SGLang: ``GET /get_server_info`` (a deprecated alias of ``/server_info`` in newer releases):
-  its server arguments (``model_path``, ``tokenizer_path``, ...) and ``version`` (sgl-project/
-  sglang's HTTP server, ``get_server_info``), or ``sglang:`` names on ``/metrics``.
-* TGI: ``GET /info`` → ``model_id``, ``version``, ... (huggingface/text-generation-inference;
-  not checked against its source here).
-* pdscope's reference server (:mod:`pdscope.selftest.server`): kind ``pdscope-reference``, from
-  ``GET /version`` → ``{"server": "pdscope-reference", ...}``. It speaks vLLM's tokenizer API.
-* Anything else that lists models on ``GET /v1/models`` is ``openai`` (generic).
-
-Models come from ``/v1/models`` (``data[].id``), or ``/api/tags`` for Ollama.
+Each server family (:mod:`pdscope.servers`) lists the GET paths whose answers recognise it; they
+are all asked at once, with ``/metrics`` and ``/v1/models``, and the families read the answers in
+their detection order (the most specific first). A family that needs a POST to be recognised
+(llama-cpp-python) is asked only when no GET answer was recognised. Anything else that answers
+is ``openai`` (generic). What each family's answers look like, and where that was checked, is in
+its module.
 """
 
 from __future__ import annotations
@@ -34,39 +13,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 
-from pdscope.client.record import Api
 from pdscope.client.session import connect_reason, get_json, get_text
-from pdscope.client.target import Target, root_url
+from pdscope.client.target import Api, Target, root_url
 from pdscope.errors import RunError
-
-ServerKind = Literal[
-    "ollama",
-    "vllm",
-    "sglang",
-    "tgi",
-    "llama.cpp",
-    "llama-cpp-python",
-    "pdscope-reference",
-    "openai",
-]
-
-REFERENCE_KIND: ServerKind = "pdscope-reference"
-
-_TOKENIZE: dict[str, str] = {
-    "vllm": "/tokenize",
-    "pdscope-reference": "/tokenize",
-    "llama.cpp": "/tokenize",
-    "llama-cpp-python": "/extras/tokenize",
-}
-_DETOKENIZE: dict[str, str] = {
-    "vllm": "/detokenize",
-    "llama.cpp": "/detokenize",
-    "llama-cpp-python": "/extras/detokenize",
-}
+from pdscope.servers import FAMILIES, GENERIC, Answers, Detected, ServerFamily, ServerKind, family
+from pdscope.servers.family import METRICS_PATH, MODELS_PATH
 
 
 @dataclass(frozen=True)
@@ -81,6 +36,11 @@ class ServerInfo:
     api_default: Api
     tokenize_endpoint: str | None
     metrics: bool
+
+    @property
+    def family(self) -> ServerFamily:
+        """Everything pdscope knows about this kind of server."""
+        return family(self.kind)
 
     def target(
         self,
@@ -100,28 +60,14 @@ class ServerInfo:
         )
 
 
-def _str(value: Any) -> str | None:
-    return str(value) if isinstance(value, (str, int, float)) and value != "" else None
-
-
 def _openai_models(data: Any) -> tuple[str, ...]:
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         return tuple(str(m["id"]) for m in data["data"] if isinstance(m, dict) and "id" in m)
     return ()
 
 
-def _ollama_models(data: Any) -> tuple[str, ...]:
-    if isinstance(data, dict) and isinstance(data.get("models"), list):
-        return tuple(
-            str(m.get("name") or m.get("model"))
-            for m in data["models"]
-            if isinstance(m, dict) and (m.get("name") or m.get("model"))
-        )
-    return ()
-
-
-def _is_prometheus(text: str | None) -> bool:
-    return bool(text) and ("# TYPE " in text or "# HELP " in text)  # type: ignore[operator]
+def _is_prometheus(text: Any) -> bool:
+    return isinstance(text, str) and ("# TYPE " in text or "# HELP " in text)
 
 
 async def detect_server(
@@ -137,14 +83,10 @@ async def detect_server(
     async def ask(path: str) -> Any:
         return await get_json(session, root + path, api_key=api_key, timeout=timeout)
 
+    paths = list(dict.fromkeys([MODELS_PATH, *(p for f in FAMILIES for p in f.probes)]))
     results = await asyncio.gather(
-        ask("/api/version"),
-        ask("/props"),
-        ask("/version"),
-        get_text(session, root + "/metrics", api_key=api_key, timeout=timeout),
-        ask("/v1/models"),
-        ask("/get_server_info"),
-        ask("/info"),
+        get_text(session, root + METRICS_PATH, api_key=api_key, timeout=timeout),
+        *(ask(p) for p in paths),
         return_exceptions=True,
     )
     errors = [r for r in results if isinstance(r, BaseException)]
@@ -157,55 +99,44 @@ async def detect_server(
     for r in errors:
         if not isinstance(r, aiohttp.ClientConnectorError):
             raise r
-    api_version, props, version, metrics_text, v1_models, sgl_info, tgi_info = (
-        None if isinstance(r, BaseException) else r for r in results
-    )
-    metrics_ok = _is_prometheus(metrics_text)
-    metrics_text = metrics_text or ""
-    models = _openai_models(v1_models)
-    kind: ServerKind = "openai"
-    ver: str | None = None
-    if isinstance(version, dict) and version.get("server") == REFERENCE_KIND:
-        kind, ver = REFERENCE_KIND, _str(version.get("version"))
-    elif isinstance(api_version, dict) and "version" in api_version:
-        kind, ver = "ollama", _str(api_version.get("version"))
-        tags = await ask("/api/tags")
-        models = _ollama_models(tags) or models
-    elif isinstance(props, dict) and "default_generation_settings" in props:
-        kind, ver = "llama.cpp", _str(props.get("build_info"))
-    elif "vllm:" in metrics_text:
-        kind = "vllm"
-        ver = _str(version.get("version")) if isinstance(version, dict) else None
-    elif "sglang:" in metrics_text or (
-        isinstance(sgl_info, dict) and ("model_path" in sgl_info or "tokenizer_path" in sgl_info)
-    ):
-        kind = "sglang"
-        if not isinstance(sgl_info, dict):
-            sgl_info = await ask("/server_info")
-        ver = _str(sgl_info.get("version")) if isinstance(sgl_info, dict) else None
-    elif isinstance(tgi_info, dict) and "model_id" in tgi_info:
-        kind, ver = "tgi", _str(tgi_info.get("version"))
-        models = models or (str(tgi_info["model_id"]),)
-    else:
-        probe = await get_json(
-            session,
-            root + "/extras/tokenize",
-            api_key=api_key,
-            timeout=timeout,
-            method="POST",
-            payload={"input": "hello"},
-        )
-        if isinstance(probe, dict) and isinstance(probe.get("tokens"), list):
-            kind = "llama-cpp-python"
+    answers: dict[str, Any] = {
+        path: r for path, r in zip([METRICS_PATH, *paths], results, strict=True)
+        if r is not None and not isinstance(r, BaseException)
+    }
+    found, detected = _recognise(answers)
+    if found is None:
+        for candidate in FAMILIES:
+            if candidate.confirm is not None:
+                answers[candidate.confirm.path] = await get_json(
+                    session, root + candidate.confirm.path, api_key=api_key, timeout=timeout,
+                    method="POST", payload=dict(candidate.confirm.payload))
+        found, detected = _recognise(answers, confirmed=True)
+    assert found is not None and detected is not None  # the generic family takes anything
+    listed: tuple[str, ...] = ()
+    if found.models_path and found.models_from:
+        listed = found.models_from(await ask(found.models_path))
     return ServerInfo(
         base_url=root,
-        kind=kind,
-        models=models,
-        version=ver,
-        api_default="ollama" if kind == "ollama" else "openai",
-        tokenize_endpoint=_TOKENIZE.get(kind),
-        metrics=metrics_ok,
+        kind=found.name,
+        models=listed or _openai_models(answers.get(MODELS_PATH)) or detected.models,
+        version=detected.version,
+        api_default=found.api_default,
+        tokenize_endpoint=found.tokenizer.tokenize_path if found.tokenizer else None,
+        metrics=_is_prometheus(answers.get(METRICS_PATH)),
     )
+
+
+def _recognise(answers: Answers, confirmed: bool = False
+               ) -> tuple[ServerFamily | None, Detected | None]:
+    """The first family that recognises the answers. The generic family, which takes anything,
+    only once the families that need a POST (``confirm``) have been asked."""
+    for candidate in FAMILIES:
+        if candidate is GENERIC and not confirmed:
+            continue
+        detected = candidate.recognise(answers)
+        if detected is not None:
+            return candidate, detected
+    return None, None
 
 
 def _token_ids(tokens: Any) -> list[int] | None:
@@ -242,17 +173,12 @@ async def tokenize(
 ) -> list[int] | None:
     """The server's own token ids for ``text``, special tokens (BOS) included as a completion
     request would have them; ``None`` when the server has no tokenizer endpoint (Ollama)."""
-    if info.tokenize_endpoint is None:
+    tokenizer = info.family.tokenizer
+    if tokenizer is None:
         return None
     model = model or (info.models[0] if info.models else None)
-    payload: dict[str, Any]
-    if info.kind == "llama.cpp":
-        payload = {"content": text, "add_special": True}
-    elif info.kind == "llama-cpp-python":
-        payload = {"input": text, "model": model}
-    else:
-        payload = {"model": model, "prompt": text}
-    data = await _post(info, session, info.tokenize_endpoint, payload, api_key)
+    data = await _post(info, session, tokenizer.tokenize_path,
+                       tokenizer.tokenize_body(text, model), api_key)
     return _token_ids(data.get("tokens")) if isinstance(data, dict) else None
 
 
@@ -264,19 +190,36 @@ async def detokenize(
     model: str | None = None,
 ) -> str | None:
     """The text of ``tokens`` by the server's tokenizer; ``None`` where it has no endpoint."""
-    endpoint = _DETOKENIZE.get(info.kind)
-    if endpoint is None:
+    tokenizer = info.family.tokenizer
+    if tokenizer is None or tokenizer.detokenize_path is None \
+            or tokenizer.detokenize_body is None:
         return None
     model = model or (info.models[0] if info.models else None)
-    payload: dict[str, Any] = {"tokens": list(tokens)}
-    if info.kind == "vllm":
-        payload["model"] = model
-    data = await _post(info, session, endpoint, payload, api_key)
-    if not isinstance(data, dict):
-        return None
-    key = {"vllm": "prompt", "llama.cpp": "content", "llama-cpp-python": "text"}[info.kind]
-    value = data.get(key)
+    data = await _post(info, session, tokenizer.detokenize_path,
+                       tokenizer.detokenize_body(tokens, model), api_key)
+    value = data.get(tokenizer.text_key) if isinstance(data, dict) else None
     return value if isinstance(value, str) else None
+
+
+def choose_target(
+    info: ServerInfo,
+    *,
+    model: str | None = None,
+    api: str = "auto",
+    api_key: str | None = None,
+    fixed_output: bool = True,
+) -> Target:
+    """The :class:`Target` on a detected server, after checking that it serves ``model`` (or
+    any model at all). Raises :class:`RunError` (one line)."""
+    if model and info.models and model not in info.models:
+        served = ", ".join(info.models[:8])
+        raise RunError(f"model {model!r} is not served at {info.base_url} (it serves:"
+                       f" {served}); pass one of those with --model")
+    if not model and not info.models:
+        raise RunError(f"{info.base_url} lists no models: name one with --model")
+    chosen = None if api == "auto" else api
+    return info.target(model=model, api=chosen,  # type: ignore[arg-type]
+                       api_key=api_key, fixed_output=fixed_output)
 
 
 async def resolve_target(
@@ -288,26 +231,17 @@ async def resolve_target(
     api_key: str | None = None,
     fixed_output: bool = True,
 ) -> tuple[ServerInfo, Target]:
-    """Detect the server at ``url``, check that it serves ``model`` (or any model at all), and
-    the :class:`Target` every experiment sends to. Raises :class:`RunError` (one line)."""
+    """Detect the server at ``url`` and choose the :class:`Target` every request goes to."""
     info = await detect_server(url, session, api_key=api_key)
-    if model and info.models and model not in info.models:
-        served = ", ".join(info.models[:8])
-        raise RunError(f"model {model!r} is not served at {info.base_url} (it serves:"
-                       f" {served}); pass one of those with --model")
-    if not model and not info.models:
-        raise RunError(f"{info.base_url} lists no models: name one with --model")
-    chosen = None if api == "auto" else api
-    target = info.target(model=model, api=chosen,  # type: ignore[arg-type]
-                         api_key=api_key, fixed_output=fixed_output)
-    return info, target
+    return info, choose_target(info, model=model, api=api, api_key=api_key,
+                               fixed_output=fixed_output)
 
 
 def token_counter(
     info: ServerInfo, session: aiohttp.ClientSession, target: Target
 ) -> Callable[[str], Awaitable[int]] | None:
     """The server's own tokenizer as a count of tokens, or ``None`` when it has none."""
-    if info.tokenize_endpoint is None:
+    if info.family.tokenizer is None:
         return None
 
     async def count(text: str) -> int:

@@ -9,44 +9,22 @@ server's counters, durations in nanoseconds: ``prompt_eval_count``, ``prompt_eva
 ``{"error": "..."}`` is a failure mid-stream. ``options.num_predict`` caps the output; Ollama has
 no way to ignore the end-of-sequence token, so a fixed output length is a cap, not a promise.
 
-The article's formulas, on those counters:
-
-* decode rate = ``eval_count / eval_duration * 1e9`` tokens/s;
-* prefill rate = ``prompt_eval_count / prompt_eval_duration * 1e9`` tokens/s.
-
-Caution on the second: newer Ollama releases reuse the KV cache of a previous prompt and still
-count the reused tokens in ``prompt_eval_count``, while ``prompt_eval_duration`` covers only the
-part that was computed. A repeated prompt then shows an absurd prefill rate (millions of
-tokens/s, or a few tokens' worth of time for thousands of tokens). :func:`implausible_prefill`
-says when a rate looks like that, so a report can set it aside instead of printing it.
+The counters and the article's formulas on them are in :mod:`pdscope.client.counters`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pdscope.client.counters import counters  # also read from here by older callers
 from pdscope.client.record import RecordBuilder
-from pdscope.client.target import Target
+from pdscope.client.target import Target, prompt_fields
 
 GENERATE_PATH = "/api/generate"
 CHAT_PATH = "/api/chat"
-
-COUNTERS = (
-    "prompt_eval_count",
-    "prompt_eval_duration",
-    "eval_count",
-    "eval_duration",
-    "load_duration",
-    "total_duration",
-)
-
-# No processor prefills faster than this; above it the duration left out cached tokens.
-MAX_PLAUSIBLE_PREFILL_TOK_S = 1e6
-# Many prompt tokens "evaluated" in less than this is a cache hit counted as work.
-MIN_PLAUSIBLE_PREFILL_NS = 1_000_000
-MANY_PROMPT_TOKENS = 64
 
 
 def build_body(
@@ -56,13 +34,8 @@ def build_body(
     messages: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The JSON body of one streamed request to ``target`` (``ollama`` or ``ollama-chat``)."""
-    body: dict[str, Any] = {"model": target.model, "stream": True}
-    if target.api == "ollama-chat":
-        if messages is None:
-            messages = [{"role": "user", "content": prompt or ""}]
-        body["messages"] = [dict(m) for m in messages]
-    else:
-        body["prompt"] = prompt or ""
+    body: dict[str, Any] = {"model": target.model, "stream": True,
+                            **prompt_fields(target.api == "ollama-chat", prompt, messages)}
     if max_tokens is not None:
         body["options"] = {"num_predict": max_tokens}
     if target.extra_body:
@@ -78,49 +51,15 @@ def path(target: Target) -> str:
     return CHAT_PATH if target.api == "ollama-chat" else GENERATE_PATH
 
 
-def counters(obj: Mapping[str, Any]) -> dict[str, float]:
-    """The timing counters of a final (``done``) Ollama response, those it has."""
-    return {
-        key: float(obj[key])
-        for key in COUNTERS
-        if isinstance(obj.get(key), (int, float)) and not isinstance(obj.get(key), bool)
-    }
-
-
-def decode_rate(c: Mapping[str, float]) -> float | None:
-    """``eval_count / eval_duration * 1e9``: output tokens a second of decode."""
-    n, dur = c.get("eval_count"), c.get("eval_duration")
-    return n / dur * 1e9 if n and dur else None
-
-
-def prefill_rate(c: Mapping[str, float]) -> float | None:
-    """``prompt_eval_count / prompt_eval_duration * 1e9``: prompt tokens a second of prefill.
-    See :func:`implausible_prefill` before trusting it on a repeated prompt."""
-    n, dur = c.get("prompt_eval_count"), c.get("prompt_eval_duration")
-    return n / dur * 1e9 if n and dur else None
-
-
-def implausible_prefill(c: Mapping[str, float]) -> str | None:
-    """Why the prefill rate of these counters cannot be real, or ``None`` if it can.
-
-    Newer Ollama counts cached prompt tokens in ``prompt_eval_count`` but times only the
-    uncached part in ``prompt_eval_duration``: a cache hit looks like an impossible rate.
-    """
-    n, dur = c.get("prompt_eval_count"), c.get("prompt_eval_duration")
-    if not n or dur is None:
-        return None
-    if dur <= 0 or (n >= MANY_PROMPT_TOKENS and dur < MIN_PLAUSIBLE_PREFILL_NS):
-        return (
-            f"{n:.0f} prompt tokens in {dur / 1e6:.3f} ms: the prompt was mostly cached"
-            " (Ollama counts cached tokens in prompt_eval_count but not their time)"
-        )
-    rate = n / dur * 1e9
-    if rate > MAX_PLAUSIBLE_PREFILL_TOK_S:
-        return (
-            f"prefill rate {rate:,.0f} tok/s is beyond any hardware: the prompt was mostly"
-            " cached (Ollama counts cached tokens in prompt_eval_count but not their time)"
-        )
-    return None
+def _plausible(value: Any) -> bool:
+    """False for a number no counter can be: negative, NaN, infinite or past 2**63 (Python's json
+    reads NaN, Infinity and integers of any size)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True
+    try:
+        return math.isfinite(value) and 0 <= value < 2**63
+    except OverflowError:  # an int beyond float range
+        return False
 
 
 class OllamaStreamParser:
@@ -146,7 +85,7 @@ class OllamaStreamParser:
         if tail and not b.done and b.error is None:
             try:
                 json.loads(tail)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
                 b.fail("stream_broken", "the stream ended in the middle of a line after"
                        f" {b.n_chunks} token chunks")
                 return
@@ -158,12 +97,17 @@ class OllamaStreamParser:
     def line(self, raw: bytes, t_ns: int) -> None:
         """One NDJSON line, received at ``t_ns``."""
         b = self.builder
-        text_line = raw.decode("utf-8").strip()
+        try:
+            text_line = raw.decode("utf-8").strip()
+        except UnicodeDecodeError as exc:
+            b.fail("bad_chunk", f"a line is not UTF-8 text ({exc.reason}) after {b.n_chunks}"
+                   " token chunks")
+            return
         if not text_line:
             return
         try:
             obj = json.loads(text_line)
-        except ValueError:
+        except (ValueError, RecursionError):
             b.fail("bad_chunk", f"a line is not JSON after {b.n_chunks} token chunks:"
                    f" {text_line[:80]!r}")
             return
@@ -184,7 +128,7 @@ class OllamaStreamParser:
         if text:
             b.add_tokens(t_ns, text)
         if obj.get("done") is True:
-            found = counters(obj)
+            found = counters({k: v for k, v in obj.items() if _plausible(v)})
             if found:
                 b.server_timings = found
             if obj.get("done_reason") is not None:

@@ -2,10 +2,9 @@
 
 Requests stream (``stream: true``) and ask for usage in the last chunk
 (``stream_options: {"include_usage": true}``: that chunk has ``choices: []``; every other chunk
-has ``usage: null``). vLLM and the reference server are also asked for
-``continuous_usage_stats``: usage in every chunk, whose running ``completion_tokens`` tells how
-many tokens each chunk carried (vllm-project/vllm ``vllm/entrypoints/openai/protocol.py``,
-``StreamOptions``: "This parameter is not OpenAI-compatible but vLLM supports this").
+has ``usage: null``). A server whose family takes ``continuous_usage_stats`` (vLLM, the
+reference server) is asked for usage in every chunk, whose running ``completion_tokens`` tells
+how many tokens each chunk carried.
 
 What a chunk carries:
 
@@ -19,48 +18,31 @@ What a chunk carries:
   ``prompt_ms``, ``predicted_n``, ``predicted_ms``. Kept as ``server_timings``.
 * ``pdscope_sent_ns`` / ``pdscope_due_ns``: the reference server's send and scheduled times.
 
-Fixed output length (``Target.fixed_output``): the fields each server accepts, checked in its
-source or docs —
-
-* vLLM: ``ignore_eos`` and ``min_tokens`` (sampling parameters vLLM's OpenAI server takes as extra
-  body fields; ``ignore_eos`` added in vllm-project/vllm PR #1097);
-* llama.cpp server: ``ignore_eos`` ("Ignore end of stream token and continue generating",
-  ``tools/server/README.md``, options of ``/completion``, which ``/v1/*`` also accept);
-* llama-cpp-python (``python -m llama_cpp.server``): ``min_tokens`` (abetlen/llama-cpp-python
-  ``llama_cpp/server/types.py``, ``CreateCompletionRequest`` / ``CreateChatCompletionRequest``);
-  it has no ``ignore_eos`` and its pydantic models ignore unknown fields;
-* SGLang and unknown servers: both fields (as vLLM); TGI and a generic OpenAI server: none (a
-  strict server rejects unknown fields). ``Target.extra_body`` overrides any of this.
+Fixed output length (``Target.fixed_output``): the fields each server accepts are its family's
+(:mod:`pdscope.servers`, ``fixed_output``, each checked in its source or docs); a generic OpenAI
+server gets none (a strict server rejects unknown fields). ``Target.extra_body`` overrides any of
+this.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pdscope.client.faults import server_message
 from pdscope.client.record import RecordBuilder
 from pdscope.client.sse import DONE, SSEDecoder
-from pdscope.client.target import Target
+from pdscope.client.target import Target, prompt_fields
+from pdscope.errors import RunError
+from pdscope.servers import family, fixed_output_fields
 
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
 
-# Servers that accept stream_options.continuous_usage_stats (per-chunk usage).
-_PER_CHUNK_USAGE = frozenset({"vllm", "pdscope-reference"})
-
-
-def fixed_output_fields(server_kind: str | None, max_tokens: int) -> dict[str, Any]:
-    """The request fields that make ``server_kind`` generate exactly ``max_tokens`` tokens."""
-    if server_kind in ("llama.cpp",):
-        return {"ignore_eos": True}
-    if server_kind == "llama-cpp-python":
-        return {"min_tokens": max_tokens}
-    if server_kind in ("tgi", "openai", "ollama"):
-        return {}
-    return {"ignore_eos": True, "min_tokens": max_tokens}
-
+# More tokens than this in one chunk is not a per-chunk usage count: the chunk counts as 1.
+_MAX_TOKENS_A_CHUNK = 1 << 16
 
 def build_body(
     target: Target,
@@ -69,20 +51,15 @@ def build_body(
     messages: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The JSON body of one streamed request to ``target`` (``openai`` or ``openai-chat``)."""
-    body: dict[str, Any] = {"model": target.model}
-    if target.api == "openai-chat":
-        if messages is None:
-            messages = [{"role": "user", "content": prompt or ""}]
-        body["messages"] = [dict(m) for m in messages]
-    else:
-        body["prompt"] = prompt or ""
+    body: dict[str, Any] = {"model": target.model,
+                            **prompt_fields(target.api == "openai-chat", prompt, messages)}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
         if target.fixed_output:
             body.update(fixed_output_fields(target.server_kind, max_tokens))
     body["stream"] = True
     options: dict[str, Any] = {"include_usage": True}
-    if target.server_kind in _PER_CHUNK_USAGE:
+    if target.server_kind is not None and family(target.server_kind).per_chunk_usage:
         options["continuous_usage_stats"] = True
     body["stream_options"] = options
     if target.extra_body:
@@ -101,7 +78,8 @@ def _chat_text(delta: Mapping[str, Any]) -> str:
         delta.get("content"),
     ]
     text = "".join(p for p in parts if isinstance(p, str))
-    for call in delta.get("tool_calls") or ():
+    calls = delta.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
         fn = call.get("function") if isinstance(call, dict) else None
         if isinstance(fn, dict):
             text += str(fn.get("name") or "") + str(fn.get("arguments") or "")
@@ -109,7 +87,16 @@ def _chat_text(delta: Mapping[str, Any]) -> str:
 
 
 def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A count or a time from a chunk: a number from 0 to 2**63. Anything else is ``None``,
+    NaN, Infinity and integers too large for a float included (Python's json reads them all)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        if not (math.isfinite(value) and 0 <= value < 2**63):
+            return None
+    except OverflowError:  # an int beyond float range
+        return None
+    return int(value)
 
 
 class OpenAIStreamParser:
@@ -124,7 +111,12 @@ class OpenAIStreamParser:
         self._closing = False  # events now come from what was left when the stream ended
 
     def feed(self, data: bytes, t_ns: int) -> None:
-        for event in self.decoder.feed(data):
+        try:
+            events = self.decoder.feed(data)
+        except RunError as exc:  # bytes that are not UTF-8 text
+            self.builder.fail("bad_chunk", f"{exc} after {self.builder.n_chunks} token chunks")
+            return
+        for event in events:
             self.event(event, t_ns)
             if self.builder.done or self.builder.error is not None:
                 return
@@ -156,7 +148,7 @@ class OpenAIStreamParser:
             return
         try:
             obj = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
             if self._closing:
                 b.fail("stream_broken", "the stream ended in the middle of a chunk after"
                        f" {b.n_chunks} token chunks")
@@ -207,6 +199,7 @@ class OpenAIStreamParser:
             k = 1
             if completion_tokens is not None and (self._usage_seen_before or b.n_chunks == 0):
                 k = max(1, completion_tokens - self._prev_completion_tokens)
+                k = k if k <= _MAX_TOKENS_A_CHUNK else 1
             b.add_tokens(t_ns, text, k, _int(obj.get("pdscope_sent_ns")),
                          _int(obj.get("pdscope_due_ns")))
         if completion_tokens is not None:

@@ -30,8 +30,9 @@ from dataclasses import asdict, dataclass, field, fields
 from itertools import pairwise
 from typing import Any, Literal, get_args
 
-Api = Literal["openai", "openai-chat", "ollama", "ollama-chat"]
-APIS: tuple[Api, ...] = ("openai", "openai-chat", "ollama", "ollama-chat")
+from pdscope.client.counters import implausible_prefill
+from pdscope.client.target import Api
+from pdscope.units import NS
 
 ErrorKind = Literal[
     "connect",  # refused, DNS, or closed before any response
@@ -56,7 +57,6 @@ TokenCountSource = Literal[
 ]
 PrefillSource = Literal["ollama-counters", "llama.cpp-timings", "ttft"]
 
-NS = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -179,9 +179,7 @@ class RequestRecord:
     @property
     def prefill_warning(self) -> str | None:
         """Why the server's own prefill figures were set aside, if they were (an Ollama cache hit
-        counted as work: see :func:`pdscope.client.ollama.implausible_prefill`)."""
-        from pdscope.client.ollama import implausible_prefill  # ollama imports this module
-
+        counted as work: see :func:`pdscope.client.counters.implausible_prefill`)."""
         return implausible_prefill(self.server_timings) if self.server_timings else None
 
     def _prefill(self) -> tuple[float | None, PrefillSource | None]:

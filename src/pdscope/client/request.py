@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -60,6 +60,7 @@ async def stream_request(
     request_id: str | None = None,
     scheduled_ns: int | None = None,
     extra: Mapping[str, Any] | None = None,
+    watch: Callable[[RecordBuilder], None] | None = None,
 ) -> RequestRecord:
     """Send one streamed request and time it; see :mod:`pdscope.client.record` for the
     definitions.
@@ -69,7 +70,9 @@ async def stream_request(
     :func:`pdscope.client.raise_for_record` where one failure should stop the run). Bad
     arguments raise :class:`~pdscope.errors.InputError`. ``extra`` adds fields to this
     request's body only (after ``target.extra_body``). ``scheduled_ns`` is the
-    ``perf_counter_ns()`` time a load test meant to send it.
+    ``perf_counter_ns()`` time a load test meant to send it. ``watch`` is handed the live
+    record builder before the request goes, to see tokens arrive while the stream runs (the
+    interference experiment waits for running streams to decode before it injects a prompt).
     """
     url, body = build_request(target, max_tokens, prompt, messages)
     if extra:
@@ -80,6 +83,8 @@ async def stream_request(
         model=target.model,
         scheduled_ns=scheduled_ns,
     )
+    if watch is not None:
+        watch(builder)
     chat = target.api.endswith("-chat")
     parser: StreamParser
     if target.api.startswith("openai"):

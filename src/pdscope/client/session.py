@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,7 +40,9 @@ import aiohttp
 from yarl import URL
 
 from pdscope.client.faults import classify_status, redact, server_message
-from pdscope.client.record import NS, ErrorKind, RecordBuilder
+from pdscope.client.record import ErrorKind, RecordBuilder
+from pdscope.errors import InputError
+from pdscope.units import NS
 
 now_ns = time.perf_counter_ns
 
@@ -58,6 +61,13 @@ class Timeouts:
     first_token: float = 300.0
     between_tokens: float = 60.0
     total: float = 900.0
+
+    def __post_init__(self) -> None:
+        for name in ("connect", "first_token", "between_tokens", "total"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise InputError(f"the {name.replace('_', ' ')} timeout must be a positive"
+                                 f" number of seconds, got {value!r}")
 
 
 class _PdscopeTrace(aiohttp.TraceConfig):
@@ -216,9 +226,14 @@ class _Watchdog:
 
 
 def connect_reason(exc: aiohttp.ClientConnectorError) -> str:
-    """Why a connection failed, in the system's words ("Connection refused")."""
+    """Why a connection failed, in the system's words ("Connection refused"). A name lookup
+    that failed says so with the host name: its error numbers (``EAI_*``, negative) are not
+    ``errno`` values, and ``os.strerror`` would read them as "Unknown error -2"."""
     err = exc.os_error
-    if err is not None and err.errno:
+    if isinstance(err, socket.gaierror):  # aiohttp >= 3.10 raises ClientConnectorDNSError
+        why = getattr(err, "strerror", None) or str(err or exc)
+        return f"the host name {exc.host!r} could not be resolved ({why})"
+    if err is not None and err.errno and err.errno > 0:
         return os.strerror(err.errno)
     return str(err or exc)
 

@@ -17,12 +17,15 @@ Two deviations real servers make are tolerated:
   already whole, the event is delivered with that read, so its time is the time its bytes came.
 
 An event may be split anywhere across reads, even inside a UTF-8 character: bytes are kept until
-their line is complete.
+their line is complete. A complete line that is not UTF-8 raises :class:`~pdscope.errors.RunError`
+(the server sent something else than text); the stream parser records it as a bad chunk.
 """
 
 from __future__ import annotations
 
 import json
+
+from pdscope.errors import RunError
 
 DONE = "[DONE]"
 
@@ -32,7 +35,7 @@ def _whole(data: str) -> bool:
         return True
     try:
         json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than Python goes
         return False
     return True
 
@@ -57,7 +60,11 @@ class SSEDecoder:
             start = end + 1
             if line.endswith(b"\r"):
                 line = line[:-1]
-            self._line(line.decode("utf-8"), events)
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise RunError(f"a chunk is not UTF-8 text ({exc.reason})") from None
+            self._line(text, events)
         self._tail = buf[start:]
         if self._data and _whole(self._joined()):
             events.append(self._joined())

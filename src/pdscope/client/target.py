@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlparse
 
-from pdscope.client.record import APIS, Api
 from pdscope.errors import InputError
+from pdscope.servers import ServerKind
+
+Api = Literal["openai", "openai-chat", "ollama", "ollama-chat"]
+APIS: tuple[Api, ...] = ("openai", "openai-chat", "ollama", "ollama-chat")
 
 
 def root_url(base_url: str) -> str:
@@ -20,15 +24,34 @@ def root_url(base_url: str) -> str:
     return url
 
 
+def is_loopback(url: str) -> bool:
+    """The URL names this machine (127.0.0.0/8, ``::1``, ``localhost``)."""
+    host = urlparse(url if "://" in url else "http://" + url).hostname or ""
+    return host in {"localhost", "127.0.0.1", "::1"} or host.startswith("127.")
+
+
+def prompt_fields(
+    chat: bool, prompt: str | None, messages: Sequence[Mapping[str, Any]] | None
+) -> dict[str, Any]:
+    """The part of a request body that carries the input, the same on OpenAI's and Ollama's
+    APIs: ``messages`` for a chat API (the prompt as one user message when none are given),
+    else ``prompt``."""
+    if not chat:
+        return {"prompt": prompt or ""}
+    if messages is None:
+        messages = [{"role": "user", "content": prompt or ""}]
+    return {"messages": [dict(m) for m in messages]}
+
+
 @dataclass(frozen=True)
 class Target:
     """A server endpoint to measure.
 
-    ``server_kind`` (from :func:`pdscope.client.detect_server`, or ``None``) chooses the extra
-    request fields a server accepts: with ``fixed_output`` the client asks for exactly
-    ``max_tokens`` tokens where the server has a way to (``ignore_eos`` / ``min_tokens``), so
-    decode is measured over a known length. ``extra_body`` is merged into every request body
-    last, to add or override fields.
+    ``server_kind`` (from :func:`pdscope.client.detect_server`, or ``None``) chooses, through its
+    :class:`~pdscope.servers.ServerFamily`, the extra request fields a server accepts: with
+    ``fixed_output`` the client asks for exactly ``max_tokens`` tokens where the server has a way
+    to (``ignore_eos`` / ``min_tokens``), so decode is measured over a known length.
+    ``extra_body`` is merged into every request body last, to add or override fields.
 
     ``api_key`` is sent as ``Authorization: Bearer``; it is left out of ``repr`` and never
     written into a record or an error message.
@@ -40,7 +63,7 @@ class Target:
     api_key: str | None = field(default=None, repr=False)
     extra_body: Mapping[str, Any] | None = None
     fixed_output: bool = False
-    server_kind: str | None = None
+    server_kind: ServerKind | None = None
 
     def __post_init__(self) -> None:
         if self.api not in APIS:

@@ -19,6 +19,7 @@ class ServerEvidence:
     url: str = ""
     flags: tuple[str, ...] = ()  # engine flags when known (a lab server records them)
     devices: int = 1  # accelerators the server runs on, as far as pdscope knows
+    settings: dict[str, Any] = field(default_factory=dict)  # ServerSettings.to_json()
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class HardwareEvidence:
     active_parameters: float
     bytes_per_weight: float
     device_id: str | None = None
+    parameters_read_per_token: float | None = None
 
 
 @dataclass(frozen=True)

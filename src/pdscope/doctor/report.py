@@ -1,8 +1,10 @@
-"""The doctor's run as a report: the terminal summary's rows and the HTML page."""
+"""The doctor's run as a report: the HTML page, and the run folder (evidence, findings, page)."""
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 from pdscope.doctor.run import DoctorRun
 from pdscope.report.fmt import human_bytes, seconds
@@ -58,3 +60,20 @@ def report_html(run: DoctorRun) -> str:
     return render(title="pdscope doctor", subtitle=sub, phases=phase_cards(run),
                   findings=[f.to_json() for f in run.findings], charts=run.charts,
                   tables=tables, raw=raw)
+
+
+def write_run(run: DoctorRun, folder: Path) -> dict[str, Path]:
+    """evidence.json, findings.json and report.html in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "evidence": folder / "evidence.json",
+        "findings": folder / "findings.json",
+        "report": folder / "report.html",
+    }
+    evidence = run.evidence.to_json()
+    evidence["experiments"] = run.results
+    evidence["skipped"] = run.skipped
+    paths["evidence"].write_text(json.dumps(evidence, indent=2, default=str))
+    paths["findings"].write_text(json.dumps([f.to_json() for f in run.findings], indent=2))
+    paths["report"].write_text(report_html(run))
+    return paths

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from pdscope.doctor.advice import advice_for, family_of
 from pdscope.doctor.evidence import Evidence, InterferenceEvidence
+from pdscope.experiments.probe import FAR_BELOW_CEILING, NEAR_CEILING
+from pdscope.hardware import all_devices
 from pdscope.report.fmt import seconds
+from pdscope.servers import family
+
+Status = Literal["fired", "clear", "insufficient"]
+Severity = Literal["high", "medium", "low", "info"]
 
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
@@ -23,8 +28,8 @@ SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 @dataclass(frozen=True)
 class Finding:
     id: str
-    status: str  # "fired", "clear" or "insufficient"
-    severity: str  # "high", "medium", "low" or "info"
+    status: Status
+    severity: Severity
     title: str
     reason: str  # the numbers behind it, in a sentence
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -46,7 +51,7 @@ class Finding:
         }
 
 
-def _fired(rid: str, severity: str, title: str, reason: str, evidence: dict[str, Any],
+def _fired(rid: str, severity: Severity, title: str, reason: str, evidence: dict[str, Any],
            advice: list[str]) -> Finding:
     return Finding(rid, "fired", severity, title, reason, evidence, tuple(advice))
 
@@ -60,7 +65,7 @@ def _missing(rid: str, title: str, what: str) -> Finding:
 
 
 def _how(ev: Evidence, action: str) -> str:
-    return advice_for(action, family_of(ev.server.kind)).how
+    return family(ev.server.kind).advise(action).how
 
 
 def _smaller_budget(ev: Evidence) -> str:
@@ -71,7 +76,7 @@ def _smaller_budget(ev: Evidence) -> str:
     worst = max(budgets, key=lambda i: i.max_gap_during_s or 0.0)
     assert worst.budget_tokens is not None
     smaller = max(256, worst.budget_tokens // 4)
-    setting = advice_for("smaller_prefill_chunks", family_of(ev.server.kind)).setting
+    setting = family(ev.server.kind).advise("smaller_prefill_chunks").setting
     name = f" ({setting} {smaller})" if setting else ""
     return (f"Lower the prefill budget from {worst.budget_tokens:,} to {smaller:,} tokens a"
             f" step{name}: a {worst.inject_tokens:,}-token prompt is then cut into about"
@@ -86,10 +91,8 @@ def _pct(x: float) -> str:
 # ------------------------------------------------------------------------------ decode
 
 
-# A stack within 70% of the bandwidth ceiling has little left to win: the memory bus is the
-# limit. Below 30%, most of each step is not spent reading weights: the stack is the limit.
-NEAR_CEILING = 0.7
-FAR_BELOW_CEILING = 0.3
+# NEAR_CEILING (0.7) and FAR_BELOW_CEILING (0.3) are the probe's verdict's thresholds: within 70%
+# of the bandwidth ceiling the memory bus is the limit; below 30% the stack is.
 
 
 def _ceiling_at_bits(ev: Evidence, bits: int) -> float | None:
@@ -220,11 +223,6 @@ def long_prompt(ev: Evidence) -> Finding:
 
 # ------------------------------------------------------------------------------ queueing
 
-# The KV pool is "near full" at 90% usage: vLLM admits no new sequence it cannot give blocks,
-# and preempts when a running one needs a block it cannot get.
-FULL_POOL = 0.9
-
-
 def _queue_evidence(ev: Evidence) -> tuple[dict[str, Any], str | None]:
     q = ev.queue
     if q is None or q.max_waiting is None:
@@ -234,8 +232,9 @@ def _queue_evidence(ev: Evidence) -> tuple[dict[str, Any], str | None]:
     return data, q.queueing
 
 
-def queueing_capacity(ev: Evidence) -> Finding:
-    rid, title = "queueing-capacity", "Requests wait because the KV pool is full"
+def _queue_settled(ev: Evidence, rid: str, title: str) -> Finding | None:
+    """What both queueing rules say before they tell capacity from scheduler: no evidence, no
+    request waited, or no KV usage to tell by."""
     if ev.queue is None or ev.queue.max_waiting is None:
         return _missing(rid, title, "the server's /metrics under load (waiting requests)")
     data, kind = _queue_evidence(ev)
@@ -243,6 +242,16 @@ def queueing_capacity(ev: Evidence) -> Finding:
         return _clear(rid, title, "no request waited in any window", data)
     if kind is None:
         return _missing(rid, title, "KV-cache usage, which this server does not export")
+    return None
+
+
+def queueing_capacity(ev: Evidence) -> Finding:
+    rid, title = "queueing-capacity", "Requests wait because the KV pool is full"
+    settled = _queue_settled(ev, rid, title)
+    if settled is not None:
+        return settled
+    assert ev.queue is not None  # settled otherwise
+    data, kind = _queue_evidence(ev)
     if kind != "capacity":
         return _clear(rid, title, f"requests waited with the KV pool at"
                       f" {_pct(ev.queue.kv_usage_at_max_waiting or 0)}: not a full pool", data)
@@ -256,13 +265,11 @@ def queueing_capacity(ev: Evidence) -> Finding:
 
 def queueing_scheduler(ev: Evidence) -> Finding:
     rid, title = "queueing-scheduler", "Requests wait with KV memory to spare"
-    if ev.queue is None or ev.queue.max_waiting is None:
-        return _missing(rid, title, "the server's /metrics under load (waiting requests)")
+    settled = _queue_settled(ev, rid, title)
+    if settled is not None:
+        return settled
+    assert ev.queue is not None  # settled otherwise
     data, kind = _queue_evidence(ev)
-    if ev.queue.max_waiting == 0:
-        return _clear(rid, title, "no request waited in any window", data)
-    if kind is None:
-        return _missing(rid, title, "KV-cache usage, which this server does not export")
     if kind != "scheduler":
         return _clear(rid, title, "requests waited only with the KV pool near full", data)
     advice = [_how(ev, "more_concurrent_sequences"), _how(ev, "larger_prefill_chunks"),
@@ -275,7 +282,7 @@ def queueing_scheduler(ev: Evidence) -> Finding:
 
 
 def _fewer_sequences(ev: Evidence) -> str:
-    setting = advice_for("more_concurrent_sequences", family_of(ev.server.kind)).setting
+    setting = family(ev.server.kind).advise("more_concurrent_sequences").setting
     where = f" (lower {setting})" if setting else ""
     return f"Admit fewer requests at once{where}, so those running keep their KV blocks."
 
@@ -432,8 +439,6 @@ def cold_start(ev: Evidence) -> Finding:
 def _alternatives(ev: Evidence, key: str, better_than: float) -> list[Any]:
     """Up to three cards of the device table with at least 1.5x the figure: the smallest such
     step, one from the middle, and the largest, so the prediction spans the choice."""
-    from pdscope.hardware import all_devices
-
     devices = [d for d in all_devices() if d.kind == "gpu" and getattr(d, key)]
     devices = sorted((d for d in devices if getattr(d, key) >= 1.5 * better_than),
                      key=lambda d: getattr(d, key))

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pdscope import lab, roofline
+from pdscope import roofline
+from pdscope.charts import Chart, Series
+from pdscope.client import ClientOptions, is_loopback
+from pdscope.client.options import at_least
 from pdscope.doctor.evidence import (
     ContextEvidence,
     Evidence,
@@ -33,8 +35,8 @@ from pdscope.doctor.evidence import (
     SweepEvidence,
 )
 from pdscope.doctor.rules import Finding, diagnose
-from pdscope.errors import RunError
-from pdscope.experiments.common import CeilingInputs, Chart, Series, find_ceiling_inputs
+from pdscope.errors import InputError
+from pdscope.experiments.common import CeilingInputs, connect, find_ceiling_inputs
 from pdscope.experiments.context import ContextConfig, ContextResult, run_context
 from pdscope.experiments.interference import (
     InterferenceConfig,
@@ -42,35 +44,44 @@ from pdscope.experiments.interference import (
     run_interference,
 )
 from pdscope.experiments.prefix import PrefixConfig, PrefixResult, run_prefix
-from pdscope.experiments.probe import ProbeConfig, ProbeResult, is_loopback, run_probe
+from pdscope.experiments.probe import ProbeConfig, ProbeResult, run_probe
+from pdscope.experiments.setup import lab_flags, read_settings
 from pdscope.experiments.sweep import SweepConfig, SweepResult, run_sweep
 from pdscope.load.bench import BenchConfig, BenchResult, Workload, run_bench
 from pdscope.load.runner import Stage
 from pdscope.metrics import (
     classify_queueing,
-    detect_family,
+    detect_metric_map,
     load_recording,
     make_window,
     peak_waiting_window,
 )
+from pdscope.servers import ServerSettings
+from pdscope.stats import percentile
 from pdscope.workload.datasets import Lengths
 
-# Servers that answer one request at a time: concurrency experiments would only measure a queue.
-SERIAL_SERVERS = {"llama-cpp-python"}
 
+@dataclass(frozen=True, kw_only=True)
+class DoctorConfig(ClientOptions):
+    """A doctor run: ``quick`` leaves out the context sweep and shortens the rest; the SLO the
+    load levels are judged by; where the run folder goes; earlier runs to set beside this one."""
 
-@dataclass(frozen=True)
-class DoctorConfig:
     quick: bool = False
-    api: str = "auto"
-    model: str | None = None
-    api_key: str | None = None
     device: str | None = None
     model_config: str | None = None
     slo_ttft_ms: float = 2000.0
     slo_itl_ms: float = 200.0
     out: Path = Path("runs/doctor")
     compare_with: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self.slo_ttft_ms, 0, "slo_ttft_ms")
+        at_least(self.slo_itl_ms, 0, "slo_itl_ms")
+        for folder in self.compare_with:
+            if not (Path(folder) / "evidence.json").is_file():
+                raise InputError(f"{folder} holds no evidence.json: compare with a folder an"
+                                 " earlier `pdscope doctor` wrote")
 
 
 @dataclass
@@ -85,30 +96,8 @@ class DoctorRun:
     probe: ProbeResult | None = None
 
 
-ProgressFn = Callable[[str], None]
-
-
-def budget_label(kind: str, flags: tuple[str, ...]) -> tuple[int | None, str]:
-    """The prefill token budget a server runs with, from its flags when known."""
-    text = " ".join(flags)
-    m = re.search(r"--max-num-batched-tokens[ =](\d+)", text)
-    if m:
-        return int(m.group(1)), f"--max-num-batched-tokens {m.group(1)}"
-    m = re.search(r"--chunked-prefill-size[ =](\d+)", text)
-    if m:
-        return int(m.group(1)), f"--chunked-prefill-size {m.group(1)}"
-    if kind == "vllm":
-        # vLLM for CPU schedules 2,048 tokens a step by default (the lab's captures show it).
-        return 2048, "default budget (vLLM, 2048 tokens a step)"
-    return None, "the server's default budget"
-
-
-def _lab_flags(url: str) -> tuple[str, ...]:
-    port = url.rstrip("/").rsplit(":", 1)[-1]
-    for server in lab.recorded():
-        if str(server.port) == port and server.alive():
-            return tuple(server.extra_args)
-    return ()
+StatusFn = Callable[[str], None]
+"""``status(message)``: called as each experiment starts."""
 
 
 # ---------------------------------------------------------------------------- reductions
@@ -117,54 +106,55 @@ def _lab_flags(url: str) -> tuple[str, ...]:
 def hardware_evidence(ceiling: CeilingInputs) -> HardwareEvidence | None:
     if ceiling.device is None or ceiling.model is None:
         return None
-    d, m = ceiling.device, ceiling.model
-    peak = roofline.peak_flops(m, d)
+    device, model = ceiling.device, ceiling.model
+    peak = roofline.peak_flops(model, device)
     return HardwareEvidence(
-        device=d.name,
-        measured=d.measured,
-        mem_bandwidth_gb_s=d.mem_bandwidth_gb_s,
+        device=device.name,
+        measured=device.measured,
+        mem_bandwidth_gb_s=device.mem_bandwidth_gb_s,
         peak_tflops=peak / 1e12 if peak else None,
-        weight_bytes_read=m.read_weight_bytes(),
-        weight_bytes=m.total_weight_bytes(),
-        kv_bytes_per_token=roofline.kv_bytes_per_token(m) if m.has_attention_shape else None,
-        parameters=m.parameters,
-        active_parameters=m.active_parameters,
-        bytes_per_weight=m.bytes_per_weight,
-        device_id=d.id,
+        weight_bytes_read=model.read_weight_bytes(),
+        weight_bytes=model.total_weight_bytes(),
+        kv_bytes_per_token=roofline.kv_bytes_per_token(model) if model.has_attention_shape
+        else None,
+        parameters=model.parameters,
+        active_parameters=model.active_parameters,
+        parameters_read_per_token=model.parameters_read_per_token,
+        bytes_per_weight=model.bytes_per_weight,
+        device_id=device.id,
     )
 
 
-def phase_evidence(p: ProbeResult) -> PhaseEvidence | None:
-    ttft, decode = p.ttft, p.decode
+def phase_evidence(probe: ProbeResult) -> PhaseEvidence | None:
+    ttft, decode = probe.ttft, probe.decode
     if ttft is None or decode is None:
         return None
-    dc, pc = p.decode_ceiling, p.prefill_ceiling
-    itl = p.itl_all
-    from pdscope.stats import percentile
-
+    decode_ceiling, prefill_ceiling = probe.decode_ceiling, probe.prefill_ceiling
+    itl = probe.itl_all
     return PhaseEvidence(
-        prompt_tokens=p.prompt_tokens or p.config.prompt_tokens,
-        output_tokens=p.output_tokens or p.config.max_tokens,
+        prompt_tokens=probe.prompt_tokens or probe.config.prompt_tokens,
+        output_tokens=probe.output_tokens or probe.config.max_tokens,
         ttft_s=ttft.median,
-        prefill_tok_s=p.prefill.median if p.prefill else None,
+        prefill_tok_s=probe.prefill.median if probe.prefill else None,
         decode_tok_s=decode.median,
         itl_p50_s=percentile(itl, 50),
         itl_p99_s=percentile(itl, 99),
-        cold_ttft_s=p.cold.ttft_s,
-        decode_ceiling_tok_s=dc.tok_s if dc else None,
-        prefill_ceiling_tok_s=pc.tok_s if pc else None,
-        ttft_floor_s=pc.ttft_s if pc else None,
-        kv_share_of_step=dc.kv_share if dc and dc.context else None,
-        context=dc.context if dc else p.mean_context,
-        runs=len(p.runs),
+        cold_ttft_s=probe.cold.ttft_s,
+        decode_ceiling_tok_s=decode_ceiling.tok_s if decode_ceiling else None,
+        prefill_ceiling_tok_s=prefill_ceiling.tok_s if prefill_ceiling else None,
+        ttft_floor_s=prefill_ceiling.ttft_s if prefill_ceiling else None,
+        kv_share_of_step=decode_ceiling.kv_share if decode_ceiling and decode_ceiling.context
+        else None,
+        context=decode_ceiling.context if decode_ceiling else probe.mean_context,
+        runs=len(probe.runs),
     )
 
 
-def sweep_evidence(s: SweepResult) -> SweepEvidence | None:
-    fit = s.fit
+def sweep_evidence(sweep: SweepResult) -> SweepEvidence | None:
+    fit = sweep.fit
     if fit.a is None or fit.b is None:
         return None
-    pts = [p for p in s.points if p.ttft is not None]
+    pts = [p for p in sweep.points if p.ttft is not None]
     return SweepEvidence(
         prompt_tokens=tuple(p.prompt_tokens for p in pts),
         ttft_s=tuple(p.ttft.median for p in pts if p.ttft),
@@ -173,31 +163,31 @@ def sweep_evidence(s: SweepResult) -> SweepEvidence | None:
         b_s_per_token=fit.b,
         c_s_per_token2=fit.c,
         r2=fit.r2,
-        decode_rate_change=s.decode_rate_change,
+        decode_rate_change=sweep.decode_rate_change,
     )
 
 
-def context_evidence(c: ContextResult) -> ContextEvidence:
-    bins = c.bins
-    fit = c.fit
+def context_evidence(context: ContextResult) -> ContextEvidence:
+    bins = context.bins
+    fit = context.fit
     return ContextEvidence(
         contexts=tuple(int(b.context) for b in bins),
         decode_tok_s=tuple(b.decode_tok_s for b in bins),
         slope_s_per_token=fit.coef[1] if fit is not None and len(fit.coef) > 1 else None,
-        predicted_slope_s_per_token=c.slope_predicted,
+        predicted_slope_s_per_token=context.slope_predicted,
     )
 
 
-def prefix_evidence(p: PrefixResult) -> PrefixEvidence | None:
-    warm, unique = p.ttft_warm, p.ttft_unique
-    detected = p.prefix_cache_detected
-    if warm is None or unique is None or p.cold.ttft_s is None or detected is None:
+def prefix_evidence(prefix: PrefixResult) -> PrefixEvidence | None:
+    warm, unique = prefix.ttft_warm, prefix.ttft_unique
+    detected = prefix.prefix_cache_detected
+    if warm is None or unique is None or prefix.cold.ttft_s is None or detected is None:
         return None
-    cached = p.cached.warm_median
+    cached = prefix.cached.warm_median
     return PrefixEvidence(
-        prefix_tokens=p.prefix.tokens,
-        suffix_tokens=p.prompt_tokens - p.prefix.tokens,
-        cold_ttft_s=p.cold.ttft_s,
+        prefix_tokens=prefix.prefix.tokens,
+        suffix_tokens=prefix.prompt_tokens - prefix.prefix.tokens,
+        cold_ttft_s=prefix.cold.ttft_s,
         warm_ttft_s=warm.median,
         unique_ttft_s=unique.median,
         detected=detected,
@@ -205,35 +195,36 @@ def prefix_evidence(p: PrefixResult) -> PrefixEvidence | None:
     )
 
 
-def interference_evidence(r: InterferenceResult, flags: tuple[str, ...]) -> InterferenceEvidence:
-    before, during, _ = r.windows()
-    budget, label = budget_label(r.server.kind, flags)
+def interference_evidence(result: InterferenceResult,
+                          settings: ServerSettings) -> InterferenceEvidence:
+    before, during, _ = result.windows()
     return InterferenceEvidence(
-        streams=len(r.streams),
-        inject_tokens=r.inject_tokens,
+        streams=len(result.streams),
+        inject_tokens=result.inject_tokens,
         p99_before_s=before.itl_p99_s,
         p99_during_s=during.itl_p99_s,
-        max_gap_during_s=r.stall_s,
-        budget_tokens=budget,
-        label=label,
+        max_gap_during_s=result.stall_s,
+        budget_tokens=settings.prefill_budget_tokens,
+        label=settings.budget_label,
     )
 
 
-def load_evidence(b: BenchResult, slo_ttft_s: float, slo_itl_s: float) -> LoadEvidence:
+def load_evidence(bench: BenchResult, slo_ttft_s: float, slo_itl_s: float) -> LoadEvidence:
     levels = []
-    for s in b.summaries:
+    for summary in bench.summaries:
 
-        def sec(key: str, s: dict[str, Any] = s) -> float | None:
-            v = s.get(key)
-            return v / 1000 if v is not None else None
+        def sec(key: str, summary: dict[str, Any] = summary) -> float | None:
+            value = summary.get(key)
+            return value / 1000 if value is not None else None
 
         ttft99, itl99 = sec("p99_ttft_ms"), sec("p99_itl_ms")
-        meets = (ttft99 is not None and itl99 is not None and s["failed"] == 0
+        meets = (ttft99 is not None and itl99 is not None and summary["failed"] == 0
                  and ttft99 <= slo_ttft_s and itl99 <= slo_itl_s)
         levels.append(LoadLevel(
-            concurrency=int(s["stage"]["concurrency"] or 0), completed=s["completed"],
-            failed=s["failed"], request_throughput=s["request_throughput"],
-            output_throughput=s["output_throughput"], ttft_p50_s=sec("median_ttft_ms"),
+            concurrency=int(summary["stage"]["concurrency"] or 0),
+            completed=summary["completed"], failed=summary["failed"],
+            request_throughput=summary["request_throughput"],
+            output_throughput=summary["output_throughput"], ttft_p50_s=sec("median_ttft_ms"),
             ttft_p99_s=ttft99, itl_p50_s=sec("median_itl_ms"), itl_p99_s=itl99,
             meets_slo=meets,
         ))
@@ -247,7 +238,7 @@ def queue_evidence(metrics_path: Path) -> QueueEvidence | None:
     snaps = load_recording(metrics_path)
     if len(snaps) < 2:
         return None
-    family = detect_family(snaps[-1].names)
+    family = detect_metric_map(snaps[-1].names)
     if family is None:
         return None
     whole = make_window(snaps[0], snaps[-1], family)
@@ -268,118 +259,149 @@ def queue_evidence(metrics_path: Path) -> QueueEvidence | None:
 
 def load_chart(load: LoadEvidence) -> Chart:
     """Throughput against p99 latency, one point a concurrency: batching's trade."""
-    lv = [x for x in load.levels if x.itl_p99_s is not None]
+    levels = [level for level in load.levels if level.itl_p99_s is not None]
     return Chart(
         "load-throughput-latency", "Throughput against p99 ITL (one point a concurrency)",
         "output tokens/s", "p99 ITL (ms)",
-        (Series("p99 ITL", tuple(x.output_throughput for x in lv),
-                tuple((x.itl_p99_s or 0) * 1000 for x in lv), kind="line"),
-         Series("p50 ITL", tuple(x.output_throughput for x in lv),
-                tuple((x.itl_p50_s or 0) * 1000 for x in lv), kind="line")),
+        (Series("p99 ITL", tuple(level.output_throughput for level in levels),
+                tuple((level.itl_p99_s or 0) * 1000 for level in levels), kind="line"),
+         Series("p50 ITL", tuple(level.output_throughput for level in levels),
+                tuple((level.itl_p50_s or 0) * 1000 for level in levels), kind="line")),
     )
 
 
 def previous_interference(folder: Path) -> list[InterferenceEvidence]:
-    """Interference runs of an earlier doctor run (``--compare-with``), to set beside this one."""
-    path = folder / "evidence.json"
+    """Interference runs of an earlier doctor run (``--compare-with``), to set beside this one.
+    Raises :class:`InputError` (one line) for a folder whose ``evidence.json`` is not one an
+    earlier doctor run wrote."""
+    import dataclasses
+
+    path = Path(folder) / "evidence.json"
+    hint = "give a folder an earlier `pdscope doctor --out` wrote"
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        raise RunError(f"cannot read {path}: give a folder an earlier `pdscope doctor --out`"
-                       " wrote") from None
-    return [InterferenceEvidence(**i) for i in data.get("interference") or []]
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not JSON"
+        raise InputError(f"cannot read {path} ({why}): {hint}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path} is not a doctor's evidence (a JSON {type(data).__name__},"
+                         f" not an object): {hint}")
+    runs = data.get("interference") or []
+    if not isinstance(runs, list):
+        raise InputError(f"{path}: interference is not a list: {hint}")
+    names = {f.name for f in dataclasses.fields(InterferenceEvidence)}
+    required = {f.name for f in dataclasses.fields(InterferenceEvidence)
+                if f.default is dataclasses.MISSING}
+    out = []
+    for i, run in enumerate(runs):
+        if not isinstance(run, dict):
+            raise InputError(f"{path}: interference[{i}] is not an object: {hint}")
+        unknown = sorted(set(run) - names)
+        missing = sorted(required - set(run))
+        if unknown or missing:
+            what = "; ".join(x for x in (
+                f"unknown keys {', '.join(unknown)}" if unknown else "",
+                f"missing {', '.join(missing)}" if missing else "") if x)
+            raise InputError(f"{path}: interference[{i}] has {what}: {hint}")
+        out.append(InterferenceEvidence(**run))
+    return out
 
 
 # ---------------------------------------------------------------------------- the run
 
 
 async def run_doctor(url: str, config: DoctorConfig,
-                     progress: ProgressFn | None = None) -> DoctorRun:
-    """Run what the server allows and diagnose it. Writes nothing; see :func:`write_run`."""
+                     progress: StatusFn | None = None) -> DoctorRun:
+    """Run what the server allows and diagnose it. Writes nothing; see
+    :func:`pdscope.doctor.report.write_run`. The server is detected once and every experiment
+    runs on that connection."""
     say = progress or (lambda _: None)
     quick = config.quick
-    common: dict[str, Any] = {"api": config.api, "model": config.model,
-                              "api_key": config.api_key}
+    client = config.client
     results: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     charts: list[Chart] = []
 
-    say("probe: both phases")
-    probe = await run_probe(url, ProbeConfig(
-        prompt_tokens=512, max_tokens=64 if quick else 128, runs=3 if quick else 5,
-        api=config.api, model=config.model, api_key=config.api_key))
-    model_name = probe.target.model
-    kind = probe.server.kind
-    flags = _lab_flags(probe.server.base_url) if is_loopback(url) else ()
-    serial = kind in SERIAL_SERVERS
+    async with connect(url, client) as conn:
+        server = conn.info
+        flags = lab_flags(server.base_url) if is_loopback(url) else ()
+        settings = await read_settings(server, conn.session, flags, api_key=config.api_key)
 
-    say("sweep: TTFT against prompt length")
-    sweep = await run_sweep(url, SweepConfig(
-        prompt_tokens=(200, 1000, 2000) if quick else (200, 500, 1000, 2000),
-        max_tokens=16 if quick else 32, runs=1 if quick else 2, **common))
-    results["sweep"] = sweep.to_json()
-    charts.extend(sweep.charts())
+        say("probe: both phases")
+        probe = await run_probe(conn, ProbeConfig(
+            prompt_tokens=512, max_tokens=64 if quick else 128, runs=3 if quick else 5,
+            api=config.api, model=config.model, api_key=config.api_key))
+        model_name = probe.target.model
+        common: dict[str, Any] = {"api": config.api, "model": model_name,
+                                  "api_key": config.api_key}
 
-    say("prefix: a repeated system prompt, cold and warm")
-    prefix = await run_prefix(url, PrefixConfig(
-        prefix_tokens=1000 if quick else 1500, suffix_tokens=50 if quick else 100,
-        requests=3 if quick else 5, **common))
-    results["prefix"] = prefix.to_json()
-    charts.extend(prefix.charts())
+        say("sweep: TTFT against prompt length")
+        sweep = await run_sweep(conn, SweepConfig(
+            prompt_tokens=(200, 1000, 2000) if quick else (200, 500, 1000, 2000),
+            max_tokens=16 if quick else 32, runs=1 if quick else 2, **common))
+        results["sweep"] = sweep.to_json()
+        charts.extend(sweep.charts())
 
-    interference: list[InterferenceEvidence] = []
-    if serial:
-        skipped["interference"] = f"{kind} serves one request at a time"
-    else:
-        say("interference: a long prompt injected into running streams")
-        inj = await run_interference(url, InterferenceConfig(
-            streams=4, stream_tokens=160 if quick else 256, inject_tokens=1800, **common))
-        results["interference"] = inj.to_json()
-        charts.extend(inj.charts())
-        interference.append(interference_evidence(inj, flags))
-    for folder in config.compare_with:
-        interference.extend(previous_interference(folder))
+        say("prefix: a repeated system prompt, cold and warm")
+        prefix = await run_prefix(conn, PrefixConfig(
+            prefix_tokens=1000 if quick else 1500, suffix_tokens=50 if quick else 100,
+            requests=3 if quick else 5, **common))
+        results["prefix"] = prefix.to_json()
+        charts.extend(prefix.charts())
 
-    context: ContextResult | None = None
-    if quick:
-        skipped["context"] = "left out of --quick"
-    else:
-        say("context: decode as the context fills")
-        context = await run_context(url, ContextConfig(
-            prompt_tokens=(200, 2000), max_tokens=256, **common))
-        results["context"] = context.to_json()
-        charts.extend(context.charts())
+        interference: list[InterferenceEvidence] = []
+        if server.family.serial:
+            skipped["interference"] = f"{server.kind} serves one request at a time"
+        else:
+            say("interference: a long prompt injected into running streams")
+            injected = await run_interference(conn, InterferenceConfig(
+                streams=4, stream_tokens=160 if quick else 256, inject_tokens=1800, **common))
+            results["interference"] = injected.to_json()
+            charts.extend(injected.charts())
+            interference.append(interference_evidence(injected, settings))
+        for folder in config.compare_with:
+            interference.extend(previous_interference(folder))
 
-    load: LoadEvidence | None = None
-    queue: QueueEvidence | None = None
-    if serial:
-        skipped["capacity"] = f"{kind} serves one request at a time"
-    else:
-        say("capacity: a short concurrency sweep with /metrics recorded")
-        levels = (1, 8) if quick else (1, 4, 16)
-        stages = [Stage(concurrency=c, num_prompts=max(4, 2 * c)) for c in levels]
-        folder = config.out / "capacity"
-        bench = await run_bench(url, BenchConfig(model=config.model, api=config.api,
-                                                 api_key=config.api_key),
-                                stages, Workload(input_len=Lengths("fixed", 1000),
-                                                 output_len=Lengths("fixed", 32)), folder)
-        results["capacity"] = bench.summaries
-        load = load_evidence(bench, config.slo_ttft_ms / 1000, config.slo_itl_ms / 1000)
-        queue = queue_evidence(folder / "metrics.jsonl")
-        charts.append(load_chart(load))
+        context: ContextResult | None = None
+        if quick:
+            skipped["context"] = "left out of --quick"
+        else:
+            say("context: decode as the context fills")
+            context = await run_context(conn, ContextConfig(
+                prompt_tokens=(200, 2000), max_tokens=256, **common))
+            results["context"] = context.to_json()
+            charts.extend(context.charts())
 
-    say("ceilings: this model on this device")
-    ceiling = await find_ceiling_inputs(url, model_name, device=config.device,
-                                        model_config=config.model_config,
-                                        api_key=config.api_key)
+        load: LoadEvidence | None = None
+        queue: QueueEvidence | None = None
+        if server.family.serial:
+            skipped["capacity"] = f"{server.kind} serves one request at a time"
+        else:
+            say("capacity: a short concurrency sweep with /metrics recorded")
+            levels = (1, 8) if quick else (1, 4, 16)
+            stages = [Stage(concurrency=c, num_prompts=max(4, 2 * c)) for c in levels]
+            folder = config.out / "capacity"
+            bench = await run_bench(
+                url, BenchConfig(model=model_name, api=config.api, api_key=config.api_key),
+                stages, Workload(input_len=Lengths("fixed", 1000),
+                                 output_len=Lengths("fixed", 32)), folder, server=server)
+            results["capacity"] = bench.summaries
+            load = load_evidence(bench, config.slo_ttft_ms / 1000, config.slo_itl_ms / 1000)
+            queue = queue_evidence(folder / "metrics.jsonl")
+            charts.append(load_chart(load))
+
+        say("ceilings: this model on this device")
+        ceiling = await find_ceiling_inputs(conn, model_name, device=config.device,
+                                            model_config=config.model_config,
+                                            api_key=config.api_key)
     probe = replace(probe, device=ceiling.device, model=ceiling.model,
                     model_source=ceiling.model_source)
     results["probe"] = probe.to_json()
     results["probe"].pop("requests", None)
 
     evidence = Evidence(
-        server=ServerEvidence(kind=kind, version=probe.server.version, model=model_name,
-                              url=probe.server.base_url, flags=flags),
+        server=ServerEvidence(kind=server.kind, version=server.version, model=model_name,
+                              url=server.base_url, flags=flags, settings=settings.to_json()),
         hardware=hardware_evidence(ceiling),
         phases=phase_evidence(probe),
         sweep=sweep_evidence(sweep),
@@ -393,23 +415,4 @@ async def run_doctor(url: str, config: DoctorConfig,
     return DoctorRun(evidence, diagnose(evidence), charts, results, skipped, probe)
 
 
-def write_run(run: DoctorRun, folder: Path) -> dict[str, Path]:
-    """evidence.json, findings.json and report.html in ``folder``."""
-    from pdscope.doctor.report import report_html
-
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "evidence": folder / "evidence.json",
-        "findings": folder / "findings.json",
-        "report": folder / "report.html",
-    }
-    evidence = run.evidence.to_json()
-    evidence["experiments"] = run.results
-    evidence["skipped"] = run.skipped
-    paths["evidence"].write_text(json.dumps(evidence, indent=2, default=str))
-    paths["findings"].write_text(json.dumps([f.to_json() for f in run.findings], indent=2))
-    paths["report"].write_text(report_html(run))
-    return paths
-
-
-__all__ = ["DoctorConfig", "DoctorRun", "run_doctor", "write_run"]
+__all__ = ["DoctorConfig", "DoctorRun", "run_doctor"]

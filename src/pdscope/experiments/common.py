@@ -1,5 +1,5 @@
-"""What the experiments share: the connection to a server, prompts, least-squares fits, chart
-data and the inputs of the ceilings.
+"""What the experiments share: the connection to a server, prompts, least-squares fits and the
+inputs of the ceilings (chart data is :mod:`pdscope.charts`).
 
 Every experiment follows the probe's manners: the server is detected, the model checked, a
 first request is sent and kept apart (it may pay for loading the model), every prompt is of an
@@ -11,40 +11,33 @@ them without knowing the experiment.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import random
-import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 import numpy as np
 
+from pdscope.charts import Chart, Series, Span
 from pdscope.client import (
+    ClientOptions,
     RecordBuilder,
     RequestRecord,
     ServerInfo,
     Target,
-    Timeouts,
-    build_request,
+    choose_target,
     detect_server,
+    is_loopback,
     new_session,
     raise_for_record,
-    resolve_target,
+    stream_request,
     token_counter,
     tokenize,
 )
-from pdscope.client import ollama as ollama_api
-from pdscope.client import openai as openai_api
-from pdscope.client.faults import redact
-from pdscope.client.request import overrun_limit
-from pdscope.client.session import StreamParser, stream_post
 from pdscope.errors import InputError
-from pdscope.experiments.probe import is_loopback
 from pdscope.experiments.setup import resolve_device, resolve_model
 from pdscope.hardware import DeviceSpec
 from pdscope.model import ModelGeometry
@@ -52,34 +45,6 @@ from pdscope.workload import Prompt, PromptBuilder
 
 ProgressFn = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: called before each request and once at the end."""
-
-
-@dataclass(frozen=True)
-class ClientOptions:
-    """How to talk to the server: the settings every experiment shares. ``api_key`` is never
-    printed or written to JSON."""
-
-    api: str = "auto"
-    model: str | None = None
-    api_key: str | None = field(default=None, repr=False)
-    fixed_output: bool = True
-    seed: int | None = None
-    timeouts: Timeouts = field(default_factory=Timeouts)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"api": self.api, "model": self.model, "fixed_output": self.fixed_output,
-                "seed": self.seed}
-
-
-def config_json(config: ClientOptions) -> dict[str, Any]:
-    """An experiment config as JSON: its own fields, the client options, no key."""
-    out = config.to_json()
-    for f in dataclasses.fields(config):
-        if f.name in ("api_key", "timeouts") or f.name in out:
-            continue
-        value = getattr(config, f.name)
-        out[f.name] = list(value) if isinstance(value, tuple) else value
-    return out
 
 
 # ------------------------------------------------------------------------------ connection
@@ -123,13 +88,13 @@ class Connection:
             messages = [{"role": "user", "content": prompt.text}]
             if system is not None:
                 messages.insert(0, {"role": "system", "content": system.text})
-            record = await stream_watched(self.session, self.target, messages=messages,
+            record = await stream_request(self.session, self.target, messages=messages,
                                           max_tokens=max_tokens,
                                           timeouts=self.options.timeouts, watch=watch)
         else:
             if system is not None:
                 raise InputError("a completions prompt carries its prefix in its text")
-            record = await stream_watched(self.session, self.target, prompt=prompt.text,
+            record = await stream_request(self.session, self.target, prompt=prompt.text,
                                           max_tokens=max_tokens,
                                           timeouts=self.options.timeouts, watch=watch)
         if check:
@@ -161,59 +126,34 @@ class Connection:
 
 
 @asynccontextmanager
-async def connect(url: str, options: ClientOptions) -> AsyncIterator[Connection]:
-    """Detect the server at ``url``, check the model, and open a :class:`Connection`.
+async def connect(where: str | Connection, options: ClientOptions) -> AsyncIterator[Connection]:
+    """A :class:`Connection` to the server at ``where`` with ``options``: a URL is detected and
+    its model checked; an open connection is reused (same session, the server detected once)
+    with these options' model, API and seed.
 
     Raises :class:`RunError` (one line) when nothing answers or the model is not served."""
-    notes: list[str] = []
+    if isinstance(where, Connection):
+        yield _open(where.session, where.info, options)
+        return
     async with new_session() as session:
-        info, target = await resolve_target(
-            url, session, model=options.model, api=options.api, api_key=options.api_key,
-            fixed_output=options.fixed_output)
-        count = token_counter(info, session, target)
-        seed = options.seed if options.seed is not None else random.SystemRandom().randrange(
-            1 << 30)
-        if count is None:
-            notes.append("the server has no tokenizer endpoint: prompt lengths were estimated"
-                         " and calibrated from the reported prompt_tokens")
-        elif target.api in ("openai-chat", "ollama-chat"):
-            notes.append("message texts are of exact length by the server's tokenizer; the"
-                         " chat template adds its own tokens (in the reported prompt_tokens)")
-        yield Connection(session, info, target, PromptBuilder(count, base_seed=seed), options,
-                         notes)
+        info = await detect_server(where, session, api_key=options.api_key)
+        yield _open(session, info, options)
 
 
-async def stream_watched(
-    session: aiohttp.ClientSession,
-    target: Target,
-    prompt: str | None = None,
-    *,
-    messages: Sequence[Mapping[str, Any]] | None = None,
-    max_tokens: int | None = 128,
-    timeouts: Timeouts,
-    watch: Callable[[RecordBuilder], None] | None = None,
-) -> RequestRecord:
-    """:func:`pdscope.client.stream_request`, with the live record builder handed to ``watch``
-    before the request goes: the interference experiment waits until running streams are
-    decoding before it injects a prompt, which needs their tokens while they arrive."""
-    url, body = build_request(target, max_tokens, prompt, messages)
-    builder = RecordBuilder(request_id=uuid.uuid4().hex[:16], api=target.api,
-                            model=target.model)
-    if watch is not None:
-        watch(builder)
-    chat = target.api.endswith("-chat")
-    parser: StreamParser
-    if target.api.startswith("openai"):
-        parser, accept = openai_api.OpenAIStreamParser(builder, chat), "text/event-stream"
-    else:
-        parser, accept = ollama_api.OllamaStreamParser(builder, chat), "application/x-ndjson"
-    await stream_post(session, url, json.dumps(body).encode(), builder=builder, parser=parser,
-                      timeouts=timeouts, api_key=target.api_key, accept=accept,
-                      max_chunks=overrun_limit(max_tokens))
-    record = builder.build()
-    if target.api_key and target.api_key in record.output_text:
-        record = replace(record, output_text=redact(record.output_text, target.api_key))
-    return record
+def _open(session: aiohttp.ClientSession, info: ServerInfo,
+          options: ClientOptions) -> Connection:
+    target = choose_target(info, model=options.model, api=options.api, api_key=options.api_key,
+                           fixed_output=options.fixed_output)
+    notes: list[str] = []
+    count = token_counter(info, session, target)
+    seed = options.seed if options.seed is not None else random.SystemRandom().randrange(1 << 30)
+    if count is None:
+        notes.append("the server has no tokenizer endpoint: prompt lengths were estimated"
+                      " and calibrated from the reported prompt_tokens")
+    elif target.api in ("openai-chat", "ollama-chat"):
+        notes.append("message texts are of exact length by the server's tokenizer; the"
+                     " chat template adds its own tokens (in the reported prompt_tokens)")
+    return Connection(session, info, target, PromptBuilder(count, base_seed=seed), options, notes)
 
 
 def output_notes(records: Sequence[RequestRecord], max_tokens: int) -> list[str]:
@@ -256,22 +196,29 @@ class CeilingInputs:
 
 
 async def find_ceiling_inputs(
-    url: str,
+    where: str | Connection,
     model_name: str,
     *,
     device: str | None = None,
     model_config: str | None = None,
     api_key: str | None = None,
+    flags: Sequence[str] = (),
 ) -> CeilingInputs:
     """Find the geometry and device as the probe does: ``--model-config`` or what the server
     tells (Ollama's ``/api/show``, a local vLLM's or llama.cpp's model files, the lab), and
     ``--device`` or this machine, measured, for a server on this machine. Called after an
-    experiment, so the CPU bandwidth probe does not disturb the measurement."""
-    local = is_loopback(url)
-    async with new_session() as session:
-        info = await detect_server(url, session, api_key=api_key)
-        model, source = await resolve_model(info, session, model_name, model_config,
+    experiment, so the CPU bandwidth probe does not disturb the measurement. An open
+    :class:`Connection` is reused (no second detection)."""
+    if isinstance(where, Connection):
+        local = is_loopback(where.info.base_url)
+        model, source = await resolve_model(where.info, where.session, model_name, model_config,
                                             server_is_local=local, api_key=api_key)
+    else:
+        local = is_loopback(where)
+        async with new_session() as session:
+            info = await detect_server(where, session, api_key=api_key)
+            model, source = await resolve_model(info, session, model_name, model_config,
+                                                server_is_local=local, api_key=api_key)
     spec = resolve_device(device, local)
     notes: list[str] = []
     if model is None and source:
@@ -347,67 +294,6 @@ def polyfit(x: Sequence[float], y: Sequence[float], degree: int) -> LinearFit:
     return LinearFit(coef, stderr, r2, len(xs), residual_s)
 
 
-# ----------------------------------------------------------------------------------- charts
-
-
-@dataclass(frozen=True)
-class Series:
-    """One line or set of points: ``x`` and ``y`` of equal length (``None``: no value)."""
-
-    name: str
-    x: tuple[float, ...]
-    y: tuple[float | None, ...]
-    kind: str = "line"  # "line", "points" or "bar"
-    group: str | None = None  # e.g. the stream a gap belongs to
-
-    def __post_init__(self) -> None:
-        if len(self.x) != len(self.y):
-            raise ValueError(f"series {self.name!r}: {len(self.x)} x values, {len(self.y)} y")
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "kind": self.kind, "x": list(self.x),
-                               "y": [None if v is None or not math.isfinite(v) else v
-                                     for v in self.y]}
-        if self.group is not None:
-            out["group"] = self.group
-        return out
-
-
-@dataclass(frozen=True)
-class Span:
-    """A stretch of the x axis to shade, such as the injected prefill."""
-
-    name: str
-    start: float
-    end: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "start": self.start, "end": self.end}
-
-
-@dataclass(frozen=True)
-class Chart:
-    """What a report needs to draw one chart: axes and plain x/y series."""
-
-    id: str
-    title: str
-    x_label: str
-    y_label: str
-    series: tuple[Series, ...]
-    spans: tuple[Span, ...] = ()
-    categories: tuple[str, ...] | None = None  # bar charts: x values index these labels
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "title": self.title, "x_label": self.x_label,
-                               "y_label": self.y_label,
-                               "series": [s.to_json() for s in self.series]}
-        if self.spans:
-            out["spans"] = [s.to_json() for s in self.spans]
-        if self.categories is not None:
-            out["categories"] = list(self.categories)
-        return out
-
-
 def median(values: Sequence[float]) -> float | None:
     return float(np.median(np.asarray(values, dtype=float))) if values else None
 
@@ -431,3 +317,8 @@ def parse_counts(text: str, what: str = "--prompt-tokens") -> tuple[int, ...]:
     if not out:
         raise InputError(f"{what}: give at least one count, e.g. 200,1000,2000")
     return tuple(sorted(out))
+
+
+__all__ = ["CeilingInputs", "Chart", "ClientOptions", "Connection", "LinearFit", "ProgressFn",
+           "Series", "Span", "connect", "find_ceiling_inputs", "median", "output_notes",
+           "parse_counts", "polyfit"]

@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdscope import roofline
+from pdscope.charts import Chart, Series
 from pdscope.client import RequestRecord, ServerInfo, Target
+from pdscope.client.options import at_least
 from pdscope.errors import InputError
 from pdscope.experiments.common import (
     CeilingInputs,
-    Chart,
     ClientOptions,
+    Connection,
     LinearFit,
     ProgressFn,
-    Series,
-    config_json,
     connect,
     median,
     output_notes,
@@ -48,6 +48,16 @@ class ContextConfig(ClientOptions):
     max_tokens: int = 512
     runs: int = 1
     bin_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self.runs, 1, "runs")
+        at_least(self.bin_tokens, 1, "bin_tokens")
+        if self.max_tokens < 2 * self.bin_tokens:
+            raise InputError(f"max_tokens must be at least two bins ({2 * self.bin_tokens}"
+                             " tokens) to see the decode rate move")
+        if not self.prompt_tokens or min(self.prompt_tokens) < 1:
+            raise InputError("prompt_tokens: give one or more lengths of at least 1 token")
 
 
 @dataclass(frozen=True)
@@ -244,7 +254,7 @@ class ContextResult:
             "url": self.server.base_url,
             "api": self.target.api,
             "model": self.target.model,
-            "config": config_json(self.config),
+            "config": self.config.to_json(),
             "token_count_source": self.records[0].token_count_source if self.records else None,
             "prompt_tokens": [r.prompt_tokens or p.tokens
                               for r, p in zip(self.records, self.prompts, strict=True)],
@@ -281,7 +291,7 @@ class ContextResult:
 
 
 async def run_context(
-    url: str,
+    url: str | Connection,
     config: ContextConfig,
     *,
     ceiling: CeilingInputs | None = None,
@@ -289,13 +299,6 @@ async def run_context(
 ) -> ContextResult:
     """Decode rate by context on the server at ``url``: long answers to each prompt length.
     Raises :class:`RunError` when a request fails, :class:`InputError` for a bad config."""
-    if config.runs < 1:
-        raise InputError("--runs must be at least 1")
-    if config.max_tokens < 2 * config.bin_tokens:
-        raise InputError(f"--max-tokens must be at least two bins ({2 * config.bin_tokens}"
-                         " tokens) to see the decode rate move")
-    if not config.prompt_tokens or min(config.prompt_tokens) < 1:
-        raise InputError("--prompt-tokens: give one or more lengths of at least 1 token")
     lengths = tuple(sorted(set(config.prompt_tokens)))
     total = 1 + config.runs * len(lengths)
     async with connect(url, config) as conn:

@@ -25,23 +25,22 @@ from itertools import pairwise
 from typing import Any
 
 from pdscope import roofline
+from pdscope.charts import Chart, Series, Span
 from pdscope.client import RecordBuilder, RequestRecord, ServerInfo, Target, raise_for_record
+from pdscope.client.options import at_least
 from pdscope.errors import InputError, RunError
 from pdscope.experiments.common import (
     CeilingInputs,
-    Chart,
     ClientOptions,
+    Connection,
     ProgressFn,
-    Series,
-    Span,
-    config_json,
     connect,
     output_notes,
 )
 from pdscope.stats import percentile
+from pdscope.units import NS
 from pdscope.workload import Prompt
 
-NS = 1_000_000_000
 # A gap during the injection is called a stall when it is longer than the p99 gap before it and
 # at least this many times the median one: a pause three steps long is what a reader of the
 # stream notices, and a shared machine's jitter rarely triples a step.
@@ -61,6 +60,18 @@ class InterferenceConfig(ClientOptions):
     inject_tokens: int = 1800
     inject_max_tokens: int = 4
     settle_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self.streams, 1, "streams")
+        at_least(self.stream_prompt_tokens, 1, "stream_prompt_tokens")
+        at_least(self.inject_tokens, 1, "inject_tokens")
+        at_least(self.inject_max_tokens, 1, "inject_max_tokens")
+        if self.settle_tokens < 2:
+            raise InputError("settle_tokens must be at least 2 (a gap before the injection)")
+        if self.stream_tokens < 2 * self.settle_tokens:
+            raise InputError("stream_tokens must leave the streams decoding after the injection:"
+                             f" at least twice settle_tokens ({2 * self.settle_tokens})")
 
 
 @dataclass(frozen=True)
@@ -226,7 +237,7 @@ class InterferenceResult:
             "url": self.server.base_url,
             "api": self.target.api,
             "model": self.target.model,
-            "config": config_json(self.config),
+            "config": self.config.to_json(),
             "signature": self.signature(),
             "inject_tokens": self.inject_tokens,
             "inject_ttft_s": self.inject_ttft_s,
@@ -323,7 +334,7 @@ def _tokens(builder: RecordBuilder | None) -> int:
 
 
 async def run_interference(
-    url: str,
+    url: str | Connection,
     config: InterferenceConfig,
     *,
     ceiling: CeilingInputs | None = None,
@@ -332,13 +343,6 @@ async def run_interference(
     """Inject a long prompt into decoding streams on the server at ``url``. Raises
     :class:`RunError` when a request fails or the streams never decode together (a server that
     runs one request at a time), :class:`InputError` for a bad config."""
-    if config.streams < 1:
-        raise InputError("--streams must be at least 1")
-    if config.settle_tokens < 2:
-        raise InputError("--settle-tokens must be at least 2 (a gap before the injection)")
-    if config.stream_tokens < 2 * config.settle_tokens:
-        raise InputError("--stream-tokens must leave the streams decoding after the injection:"
-                         f" at least twice --settle-tokens ({2 * config.settle_tokens})")
     steps = 4
     async with connect(url, config) as conn:
         if progress:

@@ -21,20 +21,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pdscope import roofline
+from pdscope.charts import Chart, Series
 from pdscope.client import RequestRecord, ServerInfo, Target
-from pdscope.errors import InputError, PdscopeError
+from pdscope.client.options import at_least
+from pdscope.errors import PdscopeError
 from pdscope.experiments.common import (
     CeilingInputs,
-    Chart,
     ClientOptions,
     Connection,
     ProgressFn,
-    Series,
-    config_json,
     connect,
     median,
     output_notes,
 )
+from pdscope.metrics import scrape
+from pdscope.servers import detect_metric_map
 from pdscope.stats import Summary, summarize
 from pdscope.workload import Prompt
 
@@ -52,7 +53,6 @@ COLD_ALREADY_CACHED = 0.6
 # The server flag that puts cached_tokens into usage (vLLM 0.32's
 # vllm/entrypoints/launchers/cli_args.py: enable_prompt_tokens_details = False; SGLang's
 # server arguments: enable_cache_report = False).
-_USAGE_FLAG = {"vllm": "--enable-prompt-tokens-details", "sglang": "--enable-cache-report"}
 
 
 def detection_threshold(prefix_share: float) -> float | None:
@@ -70,6 +70,13 @@ class PrefixConfig(ClientOptions):
     suffix_tokens: int = 100
     requests: int = 5
     max_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self.prefix_tokens, 1, "prefix_tokens")
+        at_least(self.suffix_tokens, 1, "suffix_tokens")
+        at_least(self.requests, 1, "requests")
+        at_least(self.max_tokens, 1, "max_tokens")
 
 
 @dataclass(frozen=True)
@@ -224,7 +231,7 @@ class PrefixResult:
             "url": self.server.base_url,
             "api": self.target.api,
             "model": self.target.model,
-            "config": config_json(self.config),
+            "config": self.config.to_json(),
             "prefix_tokens": self.prefix.tokens,
             "prompt_tokens": self.prompt_tokens,
             "prefix_share": self.prefix_share,
@@ -284,16 +291,14 @@ class _HitCounter:
     async def start(self) -> None:
         if not self.conn.info.metrics:
             return
-        from pdscope.metrics import detect_family, scrape
-
         try:
             snap = await scrape(self.conn.info.base_url, self.conn.session)
         except PdscopeError:
             return
-        family = detect_family(snap.names)
-        if family is None:
+        metric_map = detect_metric_map(snap.names)
+        if metric_map is None:
             return
-        names = family.names("prefix_hits")
+        names = metric_map.names("prefix_hits")
         if names and snap.counter(names) is not None:
             self.names = names
             self.metric = snap.found(names, "counter") or names[0]
@@ -301,8 +306,6 @@ class _HitCounter:
     async def read(self) -> float | None:
         if not self.names:
             return None
-        from pdscope.metrics import scrape
-
         try:
             snap = await scrape(self.conn.info.base_url, self.conn.session)
         except PdscopeError:
@@ -322,7 +325,7 @@ async def _send_counted(
 
 
 async def run_prefix(
-    url: str,
+    url: str | Connection,
     config: PrefixConfig,
     *,
     ceiling: CeilingInputs | None = None,
@@ -330,10 +333,6 @@ async def run_prefix(
 ) -> PrefixResult:
     """The prefix-cache A/B on the server at ``url``. Raises :class:`RunError` when a request
     fails, :class:`InputError` for a bad config."""
-    if config.requests < 1:
-        raise InputError("--requests must be at least 1")
-    if config.prefix_tokens < 1 or config.suffix_tokens < 1:
-        raise InputError("--prefix-tokens and --suffix-tokens must be at least 1")
     total_tokens = config.prefix_tokens + config.suffix_tokens
     steps = 2 + 2 * config.requests
     async with connect(url, config) as conn:
@@ -384,9 +383,10 @@ async def run_prefix(
     if cached.source == "metrics":
         notes.append(f"cached tokens are the growth of {metric} across each request"
                      " (another client on the server would add to them)")
-    if info.kind in _USAGE_FLAG and cached.source != "usage":
+    flag = info.family.cached_tokens_flag
+    if flag is not None and cached.source != "usage":
         notes.append(f"{info.kind} sends usage.prompt_tokens_details.cached_tokens only when"
-                     f" started with {_USAGE_FLAG[info.kind]} (off by default)")
+                     f" started with {flag} (off by default)")
     notes += output_notes(records, config.max_tokens)
     counts = [r.prompt_tokens for r, _ in warm if r.prompt_tokens is not None]
     prompt_tokens = sorted(counts)[len(counts) // 2] if counts else total_tokens

@@ -11,32 +11,17 @@ decode beside the single-stream ceiling of the model on the device.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
-
-import aiohttp
 
 from pdscope import roofline
-from pdscope.client import (
-    RequestRecord,
-    ServerInfo,
-    Target,
-    Timeouts,
-    new_session,
-    raise_for_record,
-    resolve_target,
-    stream_request,
-    token_counter,
-    tokenize,
-)
-from pdscope.errors import InputError
+from pdscope.client import ClientOptions, RequestRecord, ServerInfo, Target
+from pdscope.client.options import at_least
+from pdscope.experiments.common import Connection, ProgressFn, connect, output_notes
 from pdscope.hardware import DeviceSpec
 from pdscope.model import ModelGeometry
 from pdscope.stats import Summary, percentile, summarize
-from pdscope.workload import Prompt, PromptBuilder
+from pdscope.workload import Prompt
 
 # How a measured decode rate reads against the single-stream ceiling. A stack that is close to
 # the memory bus is the hardware's limit; one far below it has overhead to find first. The
@@ -72,17 +57,17 @@ def ceiling_verdict(fraction: float | None) -> str:
     )
 
 
-@dataclass(frozen=True)
-class ProbeConfig:
+@dataclass(frozen=True, kw_only=True)
+class ProbeConfig(ClientOptions):
     prompt_tokens: int = 512
     max_tokens: int = 128
     runs: int = 5
-    api: str = "auto"
-    model: str | None = None
-    api_key: str | None = None
-    fixed_output: bool = True
-    seed: int | None = None
-    timeouts: Timeouts = field(default_factory=Timeouts)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self.prompt_tokens, 1, "prompt_tokens")
+        at_least(self.max_tokens, 2, "max_tokens")
+        at_least(self.runs, 1, "runs")
 
 
 @dataclass(frozen=True)
@@ -248,41 +233,8 @@ class ProbeResult:
         }
 
 
-def is_loopback(url: str) -> bool:
-    host = urlparse(url if "://" in url else "http://" + url).hostname or ""
-    return host in {"localhost", "127.0.0.1", "::1"} or host.startswith("127.")
-
-
-async def _recount(
-    record: RequestRecord,
-    prompt: Prompt,
-    info: ServerInfo,
-    session: aiohttp.ClientSession,
-    target: Target,
-) -> RequestRecord:
-    """A server that sends no usage (llama-cpp-python): take the prompt count from the server's
-    tokenizer (the prompt was fitted to it) and count the output by tokenizing its text."""
-    if not record.ok or record.token_count_source not in ("chunks-estimate",):
-        return record
-    if info.tokenize_endpoint is None:
-        return record
-    ids = await tokenize(info, session, record.output_text, api_key=target.api_key,
-                         model=target.model)
-    if ids is None:
-        return record
-    return replace(
-        record,
-        prompt_tokens=prompt.tokens if prompt.exact else record.prompt_tokens,
-        output_tokens=len(ids),
-        token_count_source="server-tokenizer",
-    )
-
-
-ProgressFn = Callable[[str, int, int], None]
-
-
 async def run_probe(
-    url: str,
+    url: str | Connection,
     config: ProbeConfig,
     *,
     device: DeviceSpec | None = None,
@@ -290,58 +242,32 @@ async def run_probe(
     model_source: str | None = None,
     progress: ProgressFn | None = None,
 ) -> ProbeResult:
-    """Probe the server at ``url``. Raises :class:`RunError` (one line) when a request fails:
-    the server is down, the model is wrong, the key is refused, a stream breaks off."""
-    if config.runs < 1:
-        raise InputError("--runs must be at least 1")
-    notes: list[str] = []
-    async with new_session() as session:
-        info, target = await resolve_target(
-            url, session, model=config.model, api=config.api, api_key=config.api_key,
-            fixed_output=config.fixed_output)
-        chat = target.api in ("openai-chat", "ollama-chat")
-        # A chat template adds tokens of its own: fit message text to the tokenizer only for
-        # completions, and calibrate chats from the reported prompt_tokens.
-        count = None if chat else token_counter(info, session, target)
-        seed = config.seed if config.seed is not None else random.SystemRandom().randrange(1 << 30)
-        builder = PromptBuilder(count, base_seed=seed)
-        if count is None:
-            notes.append(
-                "the server has no tokenizer endpoint (or the chat template adds tokens):"
-                " prompt lengths were estimated and calibrated from the reported prompt_tokens"
-            )
+    """Probe the server at ``url`` (or on an open :class:`Connection`). Raises
+    :class:`RunError` (one line) when a request fails: the server is down, the model is wrong,
+    the key is refused, a stream breaks off."""
+    async with connect(url, config) as conn:
+        notes = list(conn.notes)
 
         async def one(index: int) -> tuple[RequestRecord, Prompt]:
-            prompt = await builder.build(config.prompt_tokens, index)
-            kwargs: dict[str, Any] = {"max_tokens": config.max_tokens, "timeouts": config.timeouts}
-            if chat:
-                kwargs["messages"] = [{"role": "user", "content": prompt.text}]
-            else:
-                kwargs["prompt"] = prompt.text
-            record = await stream_request(session, target, **kwargs)
-            raise_for_record(record)
-            if record.prompt_tokens and not prompt.exact:
-                builder.calibrate(prompt, record.prompt_tokens)
-            record = await _recount(record, prompt, info, session, target)
-            return record, prompt
+            prompt = await conn.prompt(config.prompt_tokens, index)
+            return await conn.send(prompt, config.max_tokens), prompt
 
         total = config.runs + 1
         if progress:
-            progress("cold", 0, total)
+            progress("cold run", 0, total)
         cold, _ = await one(0)
         records: list[RequestRecord] = []
         prompts: list[Prompt] = []
         for i in range(1, total):
             if progress:
-                progress("run", i, total)
+                progress(f"run {i} of {config.runs}", i, total)
             record, prompt = await one(i)
             records.append(record)
             prompts.append(prompt)
         if progress:
             progress("done", total, total)
+        info, target = conn.info, conn.target
 
-    if records and records[0].token_count_source == "chunks-estimate":
-        notes.append("output tokens were counted from stream chunks (an estimate)")
     if any(r.prefill_warning for r in records):
         notes.append(next(r.prefill_warning for r in records if r.prefill_warning))
     gaps = [g for r in records for g in r.chunk_gaps_s]
@@ -352,12 +278,7 @@ async def run_probe(
             " tokens in bursts (several in one write), so ITL percentiles are lumpy; the decode"
             " rate (from TPOT) is the steadier figure"
         )
-    outs = [r.output_tokens for r in records if r.output_tokens is not None]
-    if outs and min(outs) < config.max_tokens:
-        notes.append(
-            f"the server stopped some answers early ({min(outs)} of {config.max_tokens} tokens):"
-            " it offers no way to force the length"
-        )
+    notes += output_notes(records, config.max_tokens)
     return ProbeResult(
         server=info,
         target=target,

@@ -1,18 +1,24 @@
 """What a measurement is set beside: the model's geometry and the device, found automatically
-where the server tells (or where it runs on this machine), else from the user's flags."""
+where the server tells (or where it runs on this machine), else from the user's flags; and the
+server's own settings, as far as it tells them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from pdscope import lab
 from pdscope.client import ServerInfo
 from pdscope.client.session import get_json
 from pdscope.errors import PdscopeError
 from pdscope.hardware import DeviceSpec, detect_local_device, find_device
+from pdscope.metrics import scrape
 from pdscope.model import ModelGeometry, geometry_from_ollama_show, load_model
+from pdscope.servers import ServerSettings
+from pdscope.servers.family import MODELS_PATH
 
 
 def resolve_device(device: str | None, server_is_local: bool) -> DeviceSpec | None:
@@ -46,36 +52,28 @@ async def resolve_model(
 ) -> tuple[ModelGeometry | None, str | None]:
     """The served model's geometry and where it came from, or ``(None, reason)``.
 
-    In order: ``--model-config``; Ollama's ``/api/show``; for a server on this machine, the
-    model folder vLLM names in ``/v1/models`` (``root``) or the file llama.cpp names in
-    ``/props`` (``model_path``); a lab server recorded by ``pdscope lab start``."""
+    In order: ``--model-config``; what the server describes (Ollama's ``/api/show``); for a
+    server on this machine, the model files it names (vLLM's ``root`` in ``/v1/models``,
+    llama.cpp's ``model_path`` in ``/props``); a lab server recorded by ``pdscope lab start``."""
     if model_config:
         return load_model(model_config), model_config
     root = info.base_url
-    if info.kind == "ollama":
-        show = await get_json(session, root + "/api/show", api_key=api_key, method="POST",
-                              payload={"model": model_name})
+    family = info.family
+    if family.model_info_path is not None:
+        show = await get_json(session, root + family.model_info_path, api_key=api_key,
+                              method="POST", payload={"model": model_name})
         if isinstance(show, dict) and isinstance(show.get("model_info"), dict):
-            return geometry_from_ollama_show(show, model_name), "ollama /api/show"
-        return None, "Ollama's /api/show gave no model_info"
+            return (geometry_from_ollama_show(show, model_name),
+                    f"{family.name} {family.model_info_path}")
+        return None, f"{family.display}'s {family.model_info_path} gave no model_info"
     if not server_is_local:
         return None, "the server is remote: give --model-config"
-    candidates: list[Path] = []
-    models = await get_json(session, root + "/v1/models", api_key=api_key)
-    if isinstance(models, dict):
-        for m in models.get("data") or []:
-            if isinstance(m, dict) and m.get("id") == model_name:
-                p = _local_model_path(m.get("root"))
-                if p is not None:
-                    candidates.append(p)
-    if info.kind == "llama.cpp":
-        props = await get_json(session, root + "/props", api_key=api_key)
-        if isinstance(props, dict):
-            p = _local_model_path(props.get("model_path"))
-            if p is not None:
-                candidates.append(p)
-    from pdscope import lab
-
+    answers: dict[str, Any] = {}
+    for endpoint in (MODELS_PATH, *family.settings_paths):
+        answers[endpoint] = await get_json(session, root + endpoint, api_key=api_key)
+    candidates: list[Path] = [
+        p for p in map(_local_model_path, family.model_paths(answers, model_name)) if p is not None
+    ]
     port = int(root.rsplit(":", 1)[1]) if root.count(":") == 2 else None
     for server in lab.recorded():
         if server.port == port and server.alive():
@@ -86,3 +84,35 @@ async def resolve_model(
         except PdscopeError:
             continue
     return None, "the model's files are not known: give --model-config"
+
+
+async def read_settings(
+    info: ServerInfo,
+    session: aiohttp.ClientSession,
+    flags: Sequence[str] = (),
+    api_key: str | None = None,
+) -> ServerSettings:
+    """What the server says of its scheduling settings (its family's settings endpoints, and the
+    labels of its ``cache_config_info`` gauge on ``/metrics``), with its command-line ``flags``
+    where pdscope knows them (a lab server records them)."""
+    family = info.family
+    answers: dict[str, Any] = {}
+    for path in family.settings_paths:
+        answers[path] = await get_json(session, info.base_url + path, api_key=api_key)
+    labels = None
+    names = family.metric_map.names("cache_config_info") if family.metric_map else ()
+    if info.metrics and names:
+        try:
+            labels = (await scrape(info.base_url, session)).info(names)
+        except PdscopeError:
+            labels = None
+    return family.read_settings(answers, labels, flags)
+
+
+def lab_flags(url: str) -> tuple[str, ...]:
+    """The engine flags a running lab server at ``url`` was started with (``()`` otherwise)."""
+    port = url.rstrip("/").rsplit(":", 1)[-1]
+    for server in lab.recorded():
+        if str(server.port) == port and server.alive():
+            return tuple(server.extra_args)
+    return ()

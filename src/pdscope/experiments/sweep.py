@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdscope import roofline
+from pdscope.charts import Chart, Series
 from pdscope.client import RequestRecord, ServerInfo, Target
+from pdscope.client.options import at_least
 from pdscope.errors import InputError
 from pdscope.experiments.common import (
     CeilingInputs,
-    Chart,
     ClientOptions,
+    Connection,
     LinearFit,
     ProgressFn,
-    Series,
-    config_json,
     connect,
     median,
     output_notes,
@@ -62,6 +62,14 @@ class SweepConfig(ClientOptions):
     prompt_tokens: tuple[int, ...] = (200, 500, 1000, 2000)
     max_tokens: int = 32
     runs: int = 3
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self.runs, 1, "runs")
+        if self.max_tokens < 2:
+            raise InputError("max_tokens must be at least 2 (a decode rate needs two tokens)")
+        if not self.prompt_tokens or min(self.prompt_tokens) < 1:
+            raise InputError("prompt_tokens: give one or more lengths of at least 1 token")
 
 
 @dataclass(frozen=True)
@@ -414,7 +422,7 @@ class SweepResult:
             "url": self.server.base_url,
             "api": self.target.api,
             "model": self.target.model,
-            "config": config_json(self.config),
+            "config": self.config.to_json(),
             "token_count_source": self.points[0].records[0].token_count_source,
             "prompt_exact": all(pr.exact for p in self.points for pr in p.prompts),
             "points": points,
@@ -442,7 +450,7 @@ class SweepResult:
 
 
 async def run_sweep(
-    url: str,
+    url: str | Connection,
     config: SweepConfig,
     *,
     ceiling: CeilingInputs | None = None,
@@ -450,12 +458,6 @@ async def run_sweep(
 ) -> SweepResult:
     """Sweep the prompt length on the server at ``url``. Raises :class:`RunError` (one line)
     when a request fails and :class:`InputError` for a config that cannot work."""
-    if config.runs < 1:
-        raise InputError("--runs must be at least 1")
-    if config.max_tokens < 2:
-        raise InputError("--max-tokens must be at least 2 (a decode rate needs two tokens)")
-    if not config.prompt_tokens or min(config.prompt_tokens) < 1:
-        raise InputError("--prompt-tokens: give one or more lengths of at least 1 token")
     lengths = tuple(sorted(set(config.prompt_tokens)))
     total = 1 + config.runs * len(lengths)
     async with connect(url, config) as conn:

@@ -8,7 +8,7 @@ from pdscope.hardware.devices import (
     match_gpu_name,
     normalise,
 )
-from pdscope.hardware.probe import (
+from pdscope.hardware.measure import (
     BandwidthProbe,
     cpu_model_name,
     detect_local_device,

@@ -8,7 +8,15 @@ effects happen without a GPU or a model download::
         print(server.url, server.model)
 """
 
-from pdscope.lab.engines import ENGINES, HOST, Engine, get_engine, model_path_for
+from pdscope.lab.engines import (
+    ENGINES,
+    HOST,
+    Engine,
+    check_engine_args,
+    get_engine,
+    model_path_for,
+    network_flags,
+)
 from pdscope.lab.model import SERVED_NAME, bundled_gguf, cache_root, hf_model_dir
 from pdscope.lab.server import (
     LabServer,
@@ -30,11 +38,13 @@ __all__ = [
     "LabServer",
     "bundled_gguf",
     "cache_root",
+    "check_engine_args",
     "free_port",
     "get_engine",
     "hf_model_dir",
     "log_tail",
     "model_path_for",
+    "network_flags",
     "recorded",
     "running",
     "start",

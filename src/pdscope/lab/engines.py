@@ -92,6 +92,53 @@ ENGINES: dict[str, Engine] = {
 }
 
 
+NETWORK_FLAGS = ("--host", "--port")
+
+
+def network_flags(extra: Sequence[str]) -> dict[str, str | None]:
+    """The ``--host`` and ``--port`` among engine flags (``--host X`` or ``--host=X``), with
+    their values (``None``: the flag ends the list). These would move a lab server off
+    ``127.0.0.1:<its port>``."""
+    found: dict[str, str | None] = {}
+    for i, arg in enumerate(extra):
+        for flag in NETWORK_FLAGS:
+            if arg == flag:
+                found[flag] = extra[i + 1] if i + 1 < len(extra) else None
+            elif arg.startswith(flag + "="):
+                found[flag] = arg.split("=", 1)[1]
+    return found
+
+
+def check_engine_args(extra: Sequence[str], *, expose: bool = False) -> tuple[str, int | None]:
+    """The address a lab server started with these engine flags listens on: ``(host, port)``,
+    the port ``None`` when the flags leave it to the lab. A lab server has no API key, so it
+    listens on 127.0.0.1 only: a ``--host`` or ``--port`` among the engine flags raises
+    :class:`InputError` unless ``expose`` allows it."""
+    found = network_flags(extra)
+    if not found:
+        return HOST, None
+    given = " and ".join(found)
+    if not expose:
+        raise InputError(
+            f"the engine flags set {given}: a lab server has no API key and listens on {HOST}"
+            " only; moving it must be asked for plainly (expose)"
+        )
+    for flag, value in found.items():
+        if value is None or value.startswith("-"):
+            raise InputError(f"the engine flag {flag} has no value")
+    host = found.get("--host") or HOST
+    port_text = found.get("--port")
+    if port_text is None:
+        return host, None
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise InputError(f"the engine flag --port {port_text}: not a port number") from None
+    if not 1 <= port <= 65535:
+        raise InputError(f"the engine flag --port {port_text}: must be from 1 to 65535")
+    return host, port
+
+
 def get_engine(name: str) -> Engine:
     try:
         return ENGINES[name.lower().replace(".", "").replace("-", "")]

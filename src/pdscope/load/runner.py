@@ -29,9 +29,8 @@ import aiohttp
 from pdscope.client import RequestRecord, Target, Timeouts, stream_request
 from pdscope.errors import InputError
 from pdscope.load.schedule import arrival_offsets
+from pdscope.units import NS
 from pdscope.workload.datasets import WorkItem
-
-NS = 1_000_000_000
 
 
 @dataclass(frozen=True)

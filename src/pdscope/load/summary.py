@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from pdscope.errors import InputError
-from pdscope.load.runner import NS, Finished, StageRun
+from pdscope.load.runner import Finished, StageRun
+from pdscope.units import NS
 
 PERCENTILES = (50, 90, 95, 99)
 

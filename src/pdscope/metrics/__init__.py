@@ -1,7 +1,8 @@
 """Server metrics: scrape ``/metrics``, name its facts per server family, read windows.
 
 ``scrape`` and ``parse_metrics`` turn a ``/metrics`` text into a :class:`Snapshot`;
-``detect_family`` picks the :class:`MetricMap` of the server that wrote it; ``make_window``
+``detect_metric_map`` picks the :class:`MetricMap` of the server that wrote it (each family's
+map is in its module of :mod:`pdscope.servers`); ``make_window``
 reads what happened between two snapshots; ``signals`` says what that means, and
 ``window_record`` / ``dashboard_rows`` show it. :class:`MetricsRecorder` records scrapes beside
 a load run into a JSONL file that ``load_recording`` reads back; ``grafana_dashboard`` writes
@@ -9,18 +10,6 @@ the same names as a Grafana dashboard.
 """
 
 from pdscope.metrics.dashboard import Row, dashboard_rows, window_record
-from pdscope.metrics.families import (
-    FAMILIES,
-    LLAMACPP,
-    OLLAMA_NO_METRICS,
-    ROLES,
-    SGLANG,
-    TGI,
-    VLLM,
-    MetricMap,
-    detect_family,
-    family_by_name,
-)
 from pdscope.metrics.grafana import grafana_dashboard
 from pdscope.metrics.recorder import (
     MetricsRecorder,
@@ -51,11 +40,23 @@ from pdscope.metrics.window import (
     quantile,
     to_json,
 )
+from pdscope.servers import LLAMACPP_METRICS as LLAMACPP
+from pdscope.servers import (
+    METRIC_MAPS,
+    OLLAMA_NO_METRICS,
+    ROLES,
+    MetricMap,
+    detect_metric_map,
+    metric_map_named,
+)
+from pdscope.servers import SGLANG_METRICS as SGLANG
+from pdscope.servers import TGI_METRICS as TGI
+from pdscope.servers import VLLM_METRICS as VLLM
 
 __all__ = [
-    "FAMILIES",
     "FULL_POOL_KV_USAGE",
     "LLAMACPP",
+    "METRIC_MAPS",
     "OLLAMA_NO_METRICS",
     "ROLES",
     "SGLANG",
@@ -78,12 +79,12 @@ __all__ = [
     "counter_delta",
     "counter_rate",
     "dashboard_rows",
-    "detect_family",
-    "family_by_name",
+    "detect_metric_map",
     "grafana_dashboard",
     "histogram_delta",
     "load_recording",
     "make_window",
+    "metric_map_named",
     "metrics_url",
     "parse_metrics",
     "peak_waiting_window",

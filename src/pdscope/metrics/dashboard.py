@@ -17,7 +17,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pdscope.metrics.families import MetricMap
 from pdscope.metrics.signals import (
     FULL_POOL_KV_USAGE,
     Level,
@@ -27,6 +26,7 @@ from pdscope.metrics.signals import (
     signals,
 )
 from pdscope.metrics.window import Window, to_json
+from pdscope.servers import MetricMap
 
 # The one-line meaning of each of the five names (the article's reading of each).
 MEANINGS = {

@@ -3,7 +3,7 @@
 ``pdscope watch --grafana-dashboard > dashboard.json`` writes it; import it in Grafana
 (Dashboards → New → Import) and pick the Prometheus data source that scrapes the server: every
 panel queries the data-source variable ``${DS_PROMETHEUS}``. The metric names come from the
-family's :class:`~pdscope.metrics.families.MetricMap` (the current name of each role), so the
+family's :class:`~pdscope.servers.MetricMap` (the current name of each role), so the
 dashboard and ``pdscope watch`` never disagree on a name.
 
 The queries are the standard PromQL for these types: a histogram's percentile over the last
@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from pdscope.metrics.dashboard import MEANINGS
-from pdscope.metrics.families import MetricMap
 from pdscope.metrics.signals import FULL_POOL_KV_USAGE
+from pdscope.servers import MetricMap
 
 SCHEMA_VERSION = 39
 DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}

@@ -38,9 +38,9 @@ from typing import IO, Any
 import aiohttp
 
 from pdscope.errors import InputError, PdscopeError
-from pdscope.metrics.families import MetricMap, detect_family
 from pdscope.metrics.scrape import Snapshot, metrics_url, scrape
 from pdscope.metrics.window import Window, make_window
+from pdscope.servers import MetricMap, detect_metric_map
 
 FORMAT = "pdscope-metrics-recording"
 VERSION = 1
@@ -293,7 +293,7 @@ def recording_window(
         )
     before, after = snapshots[first], snapshots[last]
     if family is None:
-        family = detect_family(after.names)
+        family = detect_metric_map(after.names)
         if family is None:
             raise InputError(
                 "the recording holds no metrics of vLLM, SGLang, llama.cpp or TGI: "

@@ -28,11 +28,45 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdscope.errors import InputError, RunError
-from pdscope.metrics.families import OLLAMA_NO_METRICS
-from pdscope.metrics.window import Histogram
+from pdscope.servers import OLLAMA_NO_METRICS
 
 Labels = frozenset[tuple[str, str]]
 Names = str | Sequence[str]
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A Prometheus histogram: cumulative bucket counts by upper bound.
+
+    ``buckets`` is sorted by upper bound (``le``) and its last bound is ``+Inf``, whose count
+    equals ``count``. ``sum`` is ``None`` when the text had no ``_sum`` sample. ``reset`` is set
+    on a difference whose later histogram was smaller than the earlier one.
+    """
+
+    buckets: tuple[tuple[float, float], ...]
+    count: float
+    sum: float | None = None
+    reset: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.buckets or not math.isinf(self.buckets[-1][0]):
+            raise ValueError("a histogram needs a +Inf bucket")
+        bounds = [le for le, _ in self.buckets]
+        if bounds != sorted(bounds):
+            raise ValueError("histogram buckets must be sorted by upper bound")
+
+    @property
+    def mean(self) -> float | None:
+        """Mean observation (``sum / count``); ``None`` when empty or without a sum."""
+        if self.sum is None or self.count <= 0:
+            return None
+        return self.sum / self.count
+
+    @property
+    def finite_bounds(self) -> tuple[float, ...]:
+        """Upper bounds of the finite buckets: the resolution a quantile can have."""
+        return tuple(le for le, _ in self.buckets if not math.isinf(le))
+
 
 
 def _candidates(names: Names) -> tuple[str, ...]:
@@ -92,7 +126,7 @@ class Snapshot:
 
     @property
     def names(self) -> frozenset[str]:
-        """Every family and sample name in the scrape (for :func:`detect_family`)."""
+        """Every family and sample name in the scrape (for :func:`detect_metric_map`)."""
         return frozenset(self._by_name) | frozenset(self.types)
 
     def _rows(
@@ -290,6 +324,19 @@ def _first_line(exc: BaseException, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _check_bucket_bound(name: str, labels: Mapping[str, str]) -> None:
+    """A bucket's ``le`` must be a number, not NaN: :meth:`Snapshot.histogram` sorts by it."""
+    le = labels.get("le")
+    if le is None or not name.endswith("_bucket"):
+        return
+    try:
+        bound = float(le)
+    except ValueError:
+        bound = math.nan
+    if math.isnan(bound):
+        raise ValueError(f"{name} has a bucket bound le={le!r} that is not a number")
+
+
 def parse_metrics(
     text: str,
     *,
@@ -313,8 +360,10 @@ def parse_metrics(
         for family in text_string_to_metric_families(text):
             types[family.name] = family.type
             for sample in family.samples:
+                _check_bucket_bound(sample.name, sample.labels)
                 samples[(sample.name, frozenset(sample.labels.items()))] = float(sample.value)
-    except (ValueError, TypeError, IndexError, KeyError) as exc:
+    # OverflowError: a value written as an integer past float range.
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:
         raise InputError(f"{source} did not return Prometheus text: {_first_line(exc)}") from exc
     if not samples:
         raise InputError(f"{source} did not return Prometheus text: it holds no samples")

@@ -16,46 +16,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pdscope.metrics.families import MetricMap
-
-if TYPE_CHECKING:
-    from pdscope.metrics.scrape import Snapshot
-
-
-@dataclass(frozen=True)
-class Histogram:
-    """A Prometheus histogram: cumulative bucket counts by upper bound.
-
-    ``buckets`` is sorted by upper bound (``le``) and its last bound is ``+Inf``, whose count
-    equals ``count``. ``sum`` is ``None`` when the text had no ``_sum`` sample. ``reset`` is set
-    on a difference whose later histogram was smaller than the earlier one.
-    """
-
-    buckets: tuple[tuple[float, float], ...]
-    count: float
-    sum: float | None = None
-    reset: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.buckets or not math.isinf(self.buckets[-1][0]):
-            raise ValueError("a histogram needs a +Inf bucket")
-        bounds = [le for le, _ in self.buckets]
-        if bounds != sorted(bounds):
-            raise ValueError("histogram buckets must be sorted by upper bound")
-
-    @property
-    def mean(self) -> float | None:
-        """Mean observation (``sum / count``); ``None`` when empty or without a sum."""
-        if self.sum is None or self.count <= 0:
-            return None
-        return self.sum / self.count
-
-    @property
-    def finite_bounds(self) -> tuple[float, ...]:
-        """Upper bounds of the finite buckets: the resolution a quantile can have."""
-        return tuple(le for le, _ in self.buckets if not math.isinf(le))
+from pdscope.metrics.scrape import Histogram, Snapshot
+from pdscope.servers import MetricMap
 
 
 def histogram_delta(before: Histogram | None, after: Histogram) -> Histogram:

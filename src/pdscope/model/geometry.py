@@ -58,10 +58,13 @@ def dtype_bytes(dtype: str) -> float:
 class ModelGeometry:
     """What the roofline needs to know about a model.
 
-    ``parameters`` is the total count. ``active_parameters`` is what one decoded token reads: for
-    a mixture of experts only the experts it is routed to, and for every model the input
-    embedding table is left out when it is not tied to the output head (a lookup reads one row,
-    not the table), which is how model cards count "active" parameters.
+    ``parameters`` is the total count. ``active_parameters`` counts the whole path a token takes,
+    as Qwen's and Mistral's model cards count "active" parameters: for a mixture of experts only
+    the experts it is routed to, and the input embedding table whole (a dense model's active
+    count is its total). ``parameters_read_per_token`` is what a decode step reads, which is what
+    the roofline uses: the same, less the input embedding table when it is not tied to the
+    output head (a lookup reads one row of it, not the table). It is given by ``read_parameters``
+    (``None``: the same as ``active_parameters``, as for a model known only by its counts).
 
     Attention layers are described per layer by ``layer_types`` (``full_attention`` or
     ``sliding_attention``); ``global_kv_heads`` and ``global_head_dim`` override the KV shape of
@@ -102,12 +105,28 @@ class ModelGeometry:
     expert_weight_bytes: float | None = None
     parameters_source: str = "stated"
     assumptions: tuple[str, ...] = field(default_factory=tuple)
+    read_parameters: float | None = None
 
     def __post_init__(self) -> None:
         if not self.parameters > 0:
             raise InputError(f"the parameter count must be positive, got {self.parameters:g}")
         if not self.bytes_per_weight > 0:
             raise InputError(f"bytes per weight must be positive, got {self.bytes_per_weight:g}")
+        if self.read_parameters is not None and not (
+            0 < self.read_parameters <= self.active_parameters
+        ):
+            raise InputError(
+                f"the parameters read a token must be positive and at most the active"
+                f" parameters ({self.active_parameters:g}), got {self.read_parameters:g}"
+            )
+
+    @property
+    def parameters_read_per_token(self) -> float:
+        """Parameters one decode step reads for one sequence: the active parameters less the
+        input embedding table where it is not tied to the output head. The roofline's figure."""
+        if self.read_parameters is not None:
+            return self.read_parameters
+        return self.active_parameters
 
     @property
     def is_moe(self) -> bool:
@@ -136,7 +155,7 @@ class ModelGeometry:
         """Bytes of weights one decode step reads for a single sequence."""
         if self.active_weight_bytes is not None:
             return self.active_weight_bytes
-        return self.active_parameters * self.bytes_per_weight
+        return self.parameters_read_per_token * self.bytes_per_weight
 
     def all_expert_bytes(self) -> float:
         """Bytes of all routed experts (0 for a dense model)."""

@@ -8,6 +8,9 @@ bytes on disk, block scales included (Q4_1 is 5 bits a weight, not 4).
 
 from __future__ import annotations
 
+import math
+import mmap
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,28 @@ def _scalar(value: Any) -> Any:
     return value
 
 
+# Bounds on the counts the metadata gives: what GGUF stores them in (uint32), and for layers a
+# number the per-layer loops can go through.
+_MOST = 2**32 - 1
+_MOST_LAYERS = 100_000
+
+
+def _count(kv: Mapping[str, Any], key: str, source: str, most: int = _MOST) -> int | None:
+    """The integer at ``key`` (the largest of a per-layer list); ``None`` when absent."""
+    value = _scalar(kv.get(key))
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or not 0 <= value <= most:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:39] + "…"
+        raise InputError(
+            f"cannot read model metadata from {source}: {key} must be an integer from 0 to"
+            f" {most:,}, got {shown}"
+        )
+    return int(value)
+
+
 def geometry_from_gguf_kv(
     kv: Mapping[str, Any],
     *,
@@ -61,19 +86,29 @@ def geometry_from_gguf_kv(
     weight_bytes: float | None = None,
     active_weight_bytes: float | None = None,
     active_parameters: float | None = None,
+    read_parameters: float | None = None,
     expert_parameters: float | None = None,
     expert_weight_bytes: float | None = None,
     quantization: str | None = None,
     tied: bool | None = None,
     assumptions: tuple[str, ...] = (),
 ) -> ModelGeometry:
-    """Build a geometry from GGUF-style keys (a file's metadata, or Ollama's ``model_info``)."""
+    """Build a geometry from GGUF-style keys (a file's metadata, or Ollama's ``model_info``).
+
+    ``active_parameters`` counts the whole active path, the input embedding included;
+    ``read_parameters`` is what a decode step reads (``None``: the same)."""
     arch = kv.get("general.architecture")
     if not isinstance(arch, str):
         raise InputError(f"cannot read model metadata from {source}: no general.architecture")
+    if not arch.strip() or not arch.isprintable():
+        raise InputError(
+            f"cannot read model metadata from {source}: general.architecture {arch[:40]!r} is"
+            " not a name"
+        )
 
-    def get(field: str) -> Any:
-        return _scalar(kv.get(f"{arch}.{field}"))
+    def get(field: str) -> int | None:
+        most = _MOST_LAYERS if field == "block_count" else _MOST
+        return _count(kv, f"{arch}.{field}", source, most)
 
     layers = get("block_count")
     hidden = get("embedding_length")
@@ -95,6 +130,11 @@ def geometry_from_gguf_kv(
         kv_heads = heads
         assumed.append("KV heads = attention heads (head_count_kv not given)")
     head_dim = get("attention.key_length") or hidden // heads
+    if head_dim == 0:
+        raise InputError(
+            f"cannot read model metadata from {source}: {arch}.embedding_length {hidden} is"
+            f" smaller than {arch}.attention.head_count {heads} (and no attention.key_length)"
+        )
     vocab = get("vocab_size")
     if vocab is None and isinstance(kv.get("tokenizer.ggml.tokens"), (list, tuple)):
         vocab = len(kv["tokenizer.ggml.tokens"]) or None
@@ -103,11 +143,25 @@ def geometry_from_gguf_kv(
     window = get("attention.sliding_window")
     kv_lora = get("attention.kv_lora_rank")
     rope_dim = get("rope.dimension_count")
+    if n_experts and top_k and top_k > n_experts:
+        raise InputError(
+            f"cannot read model metadata from {source}: {top_k} experts a token"
+            f" ({arch}.expert_used_count), of only {n_experts} ({arch}.expert_count)"
+        )
 
     if parameters is None:
         parameters = kv.get("general.parameter_count")
     if not parameters:
         raise InputError(f"cannot read model metadata from {source}: no parameter count")
+    if (
+        isinstance(parameters, bool)
+        or not isinstance(parameters, (int, float))
+        or not 0 < parameters < math.inf
+    ):
+        raise InputError(
+            f"cannot read model metadata from {source}: the parameter count must be a positive"
+            f" number, got {parameters!r}"
+        )
 
     label = quantization or _file_type_label(kv) or "F16"
     if weight_bytes is None:
@@ -118,8 +172,9 @@ def geometry_from_gguf_kv(
         active_parameters = float(parameters)
         if n_experts and top_k:
             assumed.append("active parameters unknown without the tensor list: total used")
+    read = float(active_parameters) if read_parameters is None else float(read_parameters)
     if active_weight_bytes is None:
-        active_weight_bytes = weight_bytes * float(active_parameters) / float(parameters)
+        active_weight_bytes = weight_bytes * read / float(parameters)
 
     layer_types: tuple[str, ...] | None = None
     pattern = get("attention.sliding_window_pattern")
@@ -130,6 +185,7 @@ def geometry_from_gguf_kv(
         name=str(kv.get("general.name") or kv.get("general.basename") or arch),
         parameters=float(parameters),
         active_parameters=float(active_parameters),
+        read_parameters=float(read_parameters) if read_parameters is not None else None,
         weight_dtype=label,
         bytes_per_weight=weight_bytes / float(parameters),
         source=source,
@@ -165,9 +221,13 @@ def load_gguf(path: str | Path) -> ModelGeometry:
     if not p.exists():
         raise InputError(f"cannot read GGUF file at {path}: no such file")
     try:
+        _check_lengths(p)
         reader = gguf.GGUFReader(str(p))
-    except (ValueError, OSError) as exc:
-        raise InputError(f"cannot read GGUF file at {p}: {exc}") from None
+    # A truncated or corrupt file: gguf's reader reads past the end (IndexError), meets a
+    # duplicate key or an unknown tensor type (KeyError), nests arrays too deep (RecursionError).
+    except (ValueError, OSError, IndexError, KeyError, RecursionError) as exc:
+        what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"cannot read GGUF file at {p}: {what[:200]}") from None
 
     kv: dict[str, Any] = {}
     for key, fld in reader.fields.items():
@@ -200,12 +260,14 @@ def load_gguf(path: str | Path) -> ModelGeometry:
             has_output = True
 
     arch = kv.get("general.architecture", "")
-    n_exp = _scalar(kv.get(f"{arch}.expert_count"))
-    top_k = _scalar(kv.get(f"{arch}.expert_used_count"))
-    frac = (top_k / n_exp) if n_exp and top_k else 1.0
-    # The input embedding is a lookup unless the output head shares it.
+    n_exp = _count(kv, f"{arch}.expert_count", str(p))
+    top_k = _count(kv, f"{arch}.expert_used_count", str(p))
+    frac = (top_k / n_exp) if n_exp and top_k and top_k <= n_exp else 1.0
+    # Active, as model cards count it: every tensor a token passes through, the input embedding
+    # included. Read a step: the input embedding is a lookup unless the output head shares it.
     skip_p, skip_b = (embed_params, embed_bytes) if has_output else (0, 0)
-    active_params = total_params - skip_p - expert_params * (1 - frac)
+    active_params = total_params - expert_params * (1 - frac)
+    read_params = total_params - skip_p - expert_params * (1 - frac)
     active_bytes = total_bytes - skip_b - expert_bytes * (1 - frac)
     main_type = max(type_bytes, key=lambda k: type_bytes[k]) if type_bytes else None
     return geometry_from_gguf_kv(
@@ -215,8 +277,108 @@ def load_gguf(path: str | Path) -> ModelGeometry:
         weight_bytes=float(total_bytes),
         active_weight_bytes=float(active_bytes),
         active_parameters=float(active_params),
+        read_parameters=float(read_params),
         expert_parameters=float(expert_params) or None,
         expert_weight_bytes=float(expert_bytes) or None,
         quantization=_file_type_label(kv) or main_type,
         tied=not has_output,
     )
+
+
+# Bytes a value of each GGUF scalar type takes (gguf.GGUFValueType: UINT8 = 0 ... FLOAT64 = 12;
+# STRING = 8 and ARRAY = 9 have lengths).
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+class _Unknown(Exception):
+    """A value type this check does not know: gguf's reader will say what is wrong."""
+
+
+def _check_lengths(p: Path) -> None:
+    """Raise ``InputError`` when a length in the metadata points past the end of the file.
+
+    gguf's reader trusts them: an array of numbers that claims more items than the file holds
+    is read on past its end, one empty item at a time, and a corrupt count (2**60) never ends.
+    Walking the lengths first takes a few hundredths of a second; what else is wrong with a
+    file is left to the reader.
+    """
+    with p.open("rb") as f:
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (ValueError, OSError):  # an empty file, or one that cannot be mapped
+            return
+    with data:
+        size = len(data)
+        if size < 24 or data[:4] != b"GGUF":
+            return
+        order = "<" if struct.unpack_from("<I", data, 4)[0] & 0xFFFF else ">"
+
+        def past_end(what: str) -> InputError:
+            return InputError(
+                f"cannot read GGUF file at {p}: {what} runs past the end of the file"
+                f" ({size:,} bytes): truncated or corrupt"
+            )
+
+        def skip(off: int, vtype: int, what: str) -> int:
+            """The offset after a value of type ``vtype`` at ``off``."""
+            if vtype in _SCALAR_BYTES:
+                end = off + _SCALAR_BYTES[vtype]
+            elif vtype == _STRING:
+                if off + 8 > size:
+                    raise past_end(what)
+                end = off + 8 + struct.unpack_from(order + "Q", data, off)[0]
+            elif vtype == _ARRAY:
+                if off + 12 > size:
+                    raise past_end(what)
+                itype, n = struct.unpack_from(order + "IQ", data, off)
+                off += 12
+                least = _SCALAR_BYTES.get(itype, 8 if itype == _STRING else 12)
+                if n * least > size - off:
+                    raise past_end(f"{what} ({n:,} items)")
+                if itype in _SCALAR_BYTES:
+                    return off + n * least
+                for _ in range(n):
+                    off = skip(off, itype, what)
+                end = off
+            else:
+                raise _Unknown
+            if end > size:
+                raise past_end(what)
+            return end
+
+        def name_at(off: int, what: str) -> tuple[str, int]:
+            """The string at ``off`` (cut to 80 bytes) and the offset after it."""
+            end = skip(off, _STRING, what)
+            return bytes(data[off + 8 : min(end, off + 88)]).decode("utf-8", "replace"), end
+
+        # A count past the real one reads the tensor table or the weights as more entries: the
+        # second entry read from zeros repeats the first one's (empty) name, which the reader
+        # rejects too, but only after reading them all.
+        n_tensors, n_kv = struct.unpack_from(order + "QQ", data, 8)
+        off = 24
+        keys: set[str] = set()
+        try:
+            for i in range(n_kv):
+                key, off = name_at(off, f"metadata field {i + 1} of {n_kv:,}")
+                if key in keys:
+                    raise InputError(f"cannot read GGUF file at {p}: metadata key {key!r} appears"
+                                     f" twice (field {i + 1} of {n_kv:,}): corrupt")
+                keys.add(key)
+                if off + 4 > size:
+                    raise past_end(key)
+                off = skip(off + 4, struct.unpack_from(order + "I", data, off)[0], key)
+        except _Unknown:
+            return
+        names: set[str] = set()
+        for i in range(n_tensors):
+            name, off = name_at(off, f"tensor {i + 1} of {n_tensors:,}")
+            if name in names:
+                raise InputError(f"cannot read GGUF file at {p}: tensor name {name!r} appears"
+                                 f" twice (tensor {i + 1} of {n_tensors:,}): corrupt")
+            names.add(name)
+            if off + 4 > size:
+                raise past_end(f"tensor {name!r}")
+            off += 4 + 8 * struct.unpack_from(order + "I", data, off)[0] + 4 + 8
+            if off > size:
+                raise past_end(f"tensor {name!r}")

@@ -47,6 +47,11 @@ _QKV_BIAS = {"qwen2", "qwen2_moe"}
 
 _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "gemma4_text"}
 
+# Bounds on the counts a config gives: far beyond any model, and small enough that the per-layer
+# loops end and the parameter count is a finite float.
+_MOST = 2**31 - 1
+_MOST_LAYERS = 100_000
+
 
 def load_hf_config(path: str | Path) -> ModelGeometry:
     """Read ``config.json`` (the file, or a folder holding it) into a :class:`ModelGeometry`."""
@@ -63,6 +68,11 @@ def load_hf_config(path: str | Path) -> ModelGeometry:
         raise InputError(
             f"cannot read config.json at {p}: not JSON ({exc.msg}, line {exc.lineno})"
         ) from None
+    except RecursionError:
+        raise InputError(f"cannot read config.json at {p}: not JSON (nested too deep)") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        reason = str(exc).split(":")[0]
+        raise InputError(f"cannot read config.json at {p}: not JSON ({reason})") from None
     if not isinstance(data, dict):
         raise InputError(f"cannot read config.json at {p}: not a model config (not an object)")
     name = p.parent.name if p.name == "config.json" else p.stem
@@ -92,14 +102,28 @@ class _Reader:
                 return self.defaults[name]
         return None
 
-    def require(self, *names: str) -> int:
-        value = self.get(*names)
+    def require(self, *names: str, most: int = _MOST) -> int:
+        value = self.count(*names, most=most)
         if value is None:
             raise InputError(f"cannot read config.json at {self.where}: missing {names[0]}")
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        return value
+
+    def count(self, *names: str, zero: bool = False, most: int = _MOST) -> int | None:
+        """An integer field: ``None`` when absent, else a positive integer up to ``most`` (or 0,
+        where ``zero``: a field that 0 turns off)."""
+        value = self.get(*names)
+        if value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if zero else 1):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:39] + "…"
             raise InputError(
-                f"cannot read config.json at {self.where}: {names[0]} must be a positive"
-                f" integer, got {value!r}"
+                f"cannot read config.json at {self.where}: {names[0]} must be a"
+                f" {'non-negative' if zero else 'positive'} integer, got {shown}"
+            )
+        if value > most:
+            raise InputError(
+                f"cannot read config.json at {self.where}: {names[0]} = {value} is beyond any"
+                f" model (at most {most:,})"
             )
         return value
 
@@ -130,28 +154,35 @@ def geometry_from_hf_config(
             )
     r = _Reader(inner, config, _MODEL_TYPE_DEFAULTS.get(model_type, {}), source, assumed)
 
-    layers = r.require("num_hidden_layers", "n_layer", "num_layers")
+    layers = r.require("num_hidden_layers", "n_layer", "num_layers", most=_MOST_LAYERS)
     hidden = r.require("hidden_size", "n_embd", "d_model")
     heads = r.require("num_attention_heads", "n_head")
-    kv_heads = r.get("num_key_value_heads", "num_kv_heads", "multi_query_group_num")
+    kv_heads = r.count("num_key_value_heads", "num_kv_heads", "multi_query_group_num")
     if kv_heads is None:
         kv_heads = heads
         assumed.append("num_key_value_heads = num_attention_heads (no GQA field: MHA)")
-    head_dim = r.get("head_dim")
+    head_dim = r.count("head_dim")
     if head_dim is None:
         head_dim = hidden // heads
+        if head_dim == 0:
+            raise InputError(
+                f"cannot read config.json at {source}: hidden_size {hidden} is smaller than"
+                f" num_attention_heads {heads} (and no head_dim)"
+            )
     vocab = r.require("vocab_size")
-    intermediate = r.get("intermediate_size", "ffn_hidden_size", "n_inner") or 4 * hidden
+    intermediate = (
+        r.count("intermediate_size", "ffn_hidden_size", "n_inner", zero=True) or 4 * hidden
+    )
     tied = r.get("tie_word_embeddings")
     if tied is None:
         tied = model_type in _TIED_BY_DEFAULT
         assumed.append(f"tie_word_embeddings = {tied} (not in config)")
-    max_ctx = r.get("max_position_embeddings", "n_positions", "max_sequence_length")
+    max_ctx = r.count("max_position_embeddings", "n_positions", "max_sequence_length", zero=True)
 
     # Sliding window and which layers use it.
-    window = r.get("sliding_window")
-    if model_type in _SLIDING_NEEDS_FLAG and not r.get("use_sliding_window"):
-        window = None
+    window: int | None = None
+    if model_type not in _SLIDING_NEEDS_FLAG or r.get("use_sliding_window"):
+        window = r.count("sliding_window", zero=True)
     layer_types: tuple[str, ...] | None = None
     raw_types = r.get("layer_types")
     if isinstance(raw_types, list) and window:
@@ -161,32 +192,40 @@ def geometry_from_hf_config(
                 f"cannot read config.json at {source}: layer_types has {len(layer_types)}"
                 f" entries for {layers} layers"
             )
-    elif window and r.get("sliding_window_pattern"):
-        pattern = int(r.get("sliding_window_pattern"))
+    elif window and (pattern := r.count("sliding_window_pattern", zero=True)):
         layer_types = tuple(SLIDING if (i + 1) % pattern else FULL for i in range(layers))
     if window and layer_types is not None and SLIDING not in layer_types:
         window = None
         layer_types = None
 
-    global_kv = r.get("num_global_key_value_heads")
-    global_hd = r.get("global_head_dim")
+    global_kv = r.count("num_global_key_value_heads", zero=True)
+    global_hd = r.count("global_head_dim", zero=True)
     k_eq_v = bool(r.get("attention_k_eq_v"))
 
     # MLA (DeepSeek V2/V3, Kimi): a compressed latent is cached instead of keys and values.
-    kv_lora = r.get("kv_lora_rank")
-    rope_dim = r.get("qk_rope_head_dim")
+    kv_lora = r.count("kv_lora_rank", zero=True)
+    rope_dim = r.count("qk_rope_head_dim", zero=True)
 
     # Mixture of experts.
-    n_experts = r.get("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
-    top_k = r.get("num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_top_k")
-    moe = bool(n_experts and top_k and n_experts > 1)
-    expert_inter = r.get("moe_intermediate_size") or intermediate
+    n_experts = r.count(
+        "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", zero=True
+    ) or 0
+    top_k = r.count(
+        "num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_top_k", zero=True
+    ) or 0
+    moe = top_k > 0 and n_experts > 1
+    if moe and top_k > n_experts:
+        raise InputError(
+            f"cannot read config.json at {source}: {top_k} experts a token, of only"
+            f" {n_experts} experts"
+        )
+    expert_inter = r.count("moe_intermediate_size", zero=True) or intermediate
     shared_inter = 0
     if moe:
-        if r.get("shared_expert_intermediate_size"):
-            shared_inter = int(r.get("shared_expert_intermediate_size"))
-        elif r.get("n_shared_experts"):
-            shared_inter = int(r.get("n_shared_experts")) * expert_inter
+        if r.count("shared_expert_intermediate_size", zero=True):
+            shared_inter = r.require("shared_expert_intermediate_size")
+        elif r.count("n_shared_experts", zero=True):
+            shared_inter = r.require("n_shared_experts") * expert_inter
 
     mlp_mats = 2 if model_type in _UNGATED_MLP else 3
     qkv_bias = bool(r.get("attention_bias")) or model_type in _QKV_BIAS
@@ -194,10 +233,10 @@ def geometry_from_hf_config(
     # Attention weights, per layer.
     def attention_params(kind: str) -> int:
         if kv_lora:
-            nope = r.get("qk_nope_head_dim") or head_dim
+            nope = r.count("qk_nope_head_dim", zero=True) or head_dim
             rope = rope_dim or 0
-            v_dim = r.get("v_head_dim") or head_dim
-            q_rank = r.get("q_lora_rank")
+            v_dim = r.count("v_head_dim", zero=True) or head_dim
+            q_rank = r.count("q_lora_rank", zero=True)
             q = (
                 hidden * q_rank + q_rank * heads * (nope + rope)
                 if q_rank
@@ -220,7 +259,7 @@ def geometry_from_hf_config(
     attn_total = sum(attention_params(k) for k in kinds)
 
     # MLP / experts, per layer.
-    first_dense = int(r.get("first_k_dense_replace") or 0)
+    first_dense = r.count("first_k_dense_replace", zero=True) or 0
     dense_alongside = bool(r.get("enable_moe_block"))  # Gemma 4: a dense MLP beside the experts
     dense_total = 0
     expert_total = 0
@@ -241,8 +280,11 @@ def geometry_from_hf_config(
     embed = vocab * hidden
     head = 0 if tied else vocab * hidden
     total = embed + head + attn_total + dense_total + expert_total + norms
-    # What one token reads: the input embedding is a lookup of one row (unless tied to the head).
-    active = (embed if tied else 0) + head + attn_total + dense_total + expert_active + norms
+    # Active, as model cards count it: the whole path a token takes, the input embedding included.
+    active = embed + head + attn_total + dense_total + expert_active + norms
+    # What one decode step reads: the input embedding is a lookup of one row (unless tied to the
+    # head, which reads it whole). The roofline's figure.
+    read = (embed if tied else 0) + head + attn_total + dense_total + expert_active + norms
 
     # Precision of the stored weights.
     dtype = str(r.get("torch_dtype", "dtype") or "")
@@ -257,11 +299,17 @@ def geometry_from_hf_config(
     if isinstance(quant, Mapping):
         method = str(quant.get("quant_method", "")).lower()
         bits = quant.get("bits") or quant.get("w_bit")
+        if bits and (isinstance(bits, bool) or not isinstance(bits, (int, float))
+                     or not 1 <= bits <= 64):
+            raise InputError(
+                f"cannot read config.json at {source}: quantization_config bits must be a number"
+                f" of bits from 1 to 64, got {bits!r}"
+            )
         if method == "mxfp4":
             # gpt-oss: the experts are MXFP4, everything else stays at the config's dtype.
             q = dtype_bytes("mxfp4")
             weight_bytes = (total - expert_total) * bpw + expert_total * q
-            active_bytes = (active - expert_active) * bpw + expert_active * q
+            active_bytes = (read - expert_active) * bpw + expert_active * q
             expert_bytes = expert_total * q
             dtype = f"mxfp4 experts + {dtype}"
         elif method in {"fp8", "fbgemm_fp8", "compressed-tensors"} and not bits:
@@ -275,6 +323,7 @@ def geometry_from_hf_config(
         name=name or model_type or "model",
         parameters=float(total),
         active_parameters=float(active),
+        read_parameters=float(read),
         weight_dtype=dtype,
         bytes_per_weight=bpw,
         source=source,

@@ -1,1 +1,2 @@
-"""Output: terminal tables, JSON, and (later) HTML reports."""
+"""Rendering of plain data: number formats for terminal tables, SVG charts of
+:class:`pdscope.charts.Chart`, and the self-contained HTML page around them."""

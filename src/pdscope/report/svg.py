@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from pdscope.experiments.common import Chart
+from pdscope.charts import Chart
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563")
 BAND_COLOR = "#fde68a"

@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from pdscope.client import Target, Timeouts, new_session
-from pdscope.lab.model import cache_root
 from pdscope.load.runner import Stage, StageRun, run_stage
+from pdscope.paths import cache_root
 from pdscope.selftest.server import ReferenceConfig, run_in_subprocess
+from pdscope.units import NS
 from pdscope.workload.datasets import WorkItem
 
-NS = 1_000_000_000
 ERROR_LIMIT_MS = 1.0  # "sustained": median TTFT and ITL errors under this
 DEFAULT_LEVELS = (1, 10, 50, 100, 200, 400)
 

@@ -110,6 +110,18 @@ class ReferenceConfig:
             raise ValueError(f"unknown faults {unknown}: use {', '.join(FAULTS)}")
         if self.tokens_per_chunk < 1:
             raise ValueError("tokens_per_chunk must be at least 1")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be from 0 to 65535 (0: any free port), got {self.port}")
+        for name in ("ttft_base_s", "ttft_per_token_s", "itl_s", "itl_jitter_s", "stall_s",
+                     "spin_s"):
+            value = getattr(self, name)
+            if not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a finite number of seconds, at least 0,"
+                                 f" got {value}")
+        if not 0 <= self.fault_rate <= 1:
+            raise ValueError(f"fault_rate must be from 0 to 1, got {self.fault_rate}")
+        if self.fault_after_tokens < 0 or self.max_model_len < 1:
+            raise ValueError("fault_after_tokens must be at least 0 and max_model_len at least 1")
 
     def ttft_s(self, prompt_tokens: int) -> float:
         """The scheduled time to first token for a prompt of this many tokens."""
@@ -155,7 +167,10 @@ def parse_args(argv: Sequence[str] | None) -> ReferenceConfig:
         if isinstance(getattr(defaults, f.name), tuple):
             value = tuple(v for v in str(value).split(",") if v)
         kw[f.name] = value
-    return ReferenceConfig(**kw, api_key=os.environ.get(API_KEY_ENV) or None)
+    try:
+        return ReferenceConfig(**kw, api_key=os.environ.get(API_KEY_ENV) or None)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def count_words(text: str) -> int:

@@ -115,11 +115,31 @@ async def shared_prefix(
     return items
 
 
+def _read_text(p: Path) -> str:
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{p}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise InputError(f"cannot read dataset {p}: {exc.strerror or exc}") from None
+
+
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise InputError(f"{where}: not JSON (nested too deep)") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise InputError(f"{where}: not JSON ({str(exc).split(':')[0]})") from None
+
+
 def _item_from_record(obj: Any, where: str, default_max_tokens: int) -> WorkItem:
     if not isinstance(obj, dict):
         raise InputError(f"{where}: each line must be a JSON object")
     max_tokens = obj.get("max_tokens", obj.get("output_len", default_max_tokens))
-    if not isinstance(max_tokens, int) or max_tokens < 1:
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise InputError(f"{where}: max_tokens must be a positive integer")
     if isinstance(obj.get("prompt"), str):
         return WorkItem(max_tokens, prompt=obj["prompt"])
@@ -140,13 +160,12 @@ def load_jsonl(path: str | Path, default_max_tokens: int = 128) -> list[WorkItem
     if not p.exists():
         raise InputError(f"cannot read dataset {path}: no such file")
     items = []
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+    # Lines end at "\n" only: splitlines() would also cut at U+2028 and others, which JSON
+    # strings may hold as they are.
+    for lineno, line in enumerate(_read_text(p).split("\n"), start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{p}:{lineno}: not JSON ({exc.msg})") from None
+        obj = _json(line, f"{p}:{lineno}")
         items.append(_item_from_record(obj, f"{p}:{lineno}", default_max_tokens))
     if not items:
         raise InputError(f"{p}: no requests in the file")
@@ -161,10 +180,7 @@ def load_sharegpt(path: str | Path, default_max_tokens: int = 128) -> list[WorkI
     p = Path(path)
     if not p.exists():
         raise InputError(f"cannot read dataset {path}: no such file")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{p}: not JSON ({exc.msg})") from None
+    data = _json(_read_text(p), str(p))
     if not isinstance(data, list):
         raise InputError(f"{p}: a ShareGPT file is a JSON list of conversations")
     items = []

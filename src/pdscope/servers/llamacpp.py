@@ -1,0 +1,257 @@
+"""llama.cpp: its own C++ server (``llama-server``) and llama-cpp-python's
+(``python -m llama_cpp.server``). Two families, one engine: the same advice (llama-cpp-python's
+flag names are given in a parenthesis where they differ), other endpoints.
+
+Where each fact was checked:
+
+* llama-server: ``GET /props`` → ``default_generation_settings``, ``build_info``, ``total_slots``,
+  ``model_path`` (ggml-org/llama.cpp ``tools/server/README.md``; an example in
+  ``tests/data/fixtures/servers/llama.cpp/``). Tokenizer ``POST /tokenize`` ``{"content": ...}``
+  → ``{"tokens": [...]}``; ``POST /detokenize`` ``{"tokens": [...]}`` → ``{"content"}``. A fixed
+  output length with ``ignore_eos`` ("Ignore end of stream token and continue generating",
+  options of ``/completion``, which ``/v1/*`` also accept). Streams carry ``timings``.
+* llama-cpp-python: ``POST /extras/tokenize`` ``{"input": ..., "model": ...}`` →
+  ``{"tokens": [...]}``; ``/extras/detokenize`` ``{"tokens": [...]}`` → ``{"text": ...}``
+  (abetlen/llama-cpp-python ``llama_cpp/server/app.py`` and ``types.py``). It has no
+  ``/props``, ``/version`` or ``/metrics``, sends no usage in streams, takes ``min_tokens``
+  (``CreateCompletionRequest``; no ``ignore_eos``, and its pydantic models ignore unknown fields),
+  and serves one request at a time (a lock in ``app.py``).
+* Metrics (llama-server): ``tools/server/README.md`` (commit 00dc8057), table "Available
+  metrics": no KV-cache gauge any more (older builds exported ``llamacpp:kv_cache_usage_ratio``).
+* Flags: ``tools/server/README.md`` (its flag table is generated from ``common/arg.cpp``);
+  llama-cpp-python 0.3.36 as installed, ``llama_cpp/server/settings.py`` and
+  ``python -m llama_cpp.server --help``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pdscope.servers.advice import Advice, family_advice
+from pdscope.servers.family import (
+    Answers,
+    Confirm,
+    Detected,
+    ServerFamily,
+    ServerSettings,
+    Tokenizer,
+    flag_value,
+    int_or_none,
+    models_root_paths,
+    str_or_none,
+)
+from pdscope.servers.metric_map import MetricMap
+
+METRICS = MetricMap(
+    name="llama.cpp",
+    display="llama.cpp",
+    prefix="llamacpp:",
+    running=("llamacpp:requests_processing",),
+    waiting=("llamacpp:requests_deferred",),
+    # Only builds older than the README at 00dc8057 export this; read it where it is present.
+    kv_usage=("llamacpp:kv_cache_usage_ratio",),
+    prompt_tokens=("llamacpp:prompt_tokens_total",),
+    generation_tokens=("llamacpp:tokens_predicted_total",),
+    prefill_seconds=("llamacpp:prompt_seconds_total",),
+    decode_seconds=("llamacpp:tokens_predicted_seconds_total",),
+    engine_steps=("llamacpp:n_decode_total",),
+    not_exported={
+        "kv_usage": "not exported by llama.cpp: current builds dropped "
+        "llamacpp:kv_cache_usage_ratio from /metrics (see /slots for per-slot context)",
+        "ttft": "not exported by llama.cpp: /metrics has counters only, no latency histograms",
+        "itl": "not exported by llama.cpp: /metrics has counters only, no latency histograms",
+        "e2e": "not exported by llama.cpp: /metrics has counters only, no latency histograms",
+    },
+    model_label=None,
+)
+
+_LLAMA = "ggml-org/llama.cpp tools/server/README.md@00dc8057ab28"
+_LCPP = (
+    "abetlen/llama-cpp-python llama_cpp/server/settings.py, 0.3.36 as installed "
+    "(`python -m llama_cpp.server --help`)"
+)
+_LCPP_ONE = _LCPP + "; llama_cpp/server/app.py (a lock serves one request at a time)"
+
+# fmt: off
+ADVICE = family_advice("llama.cpp", [
+    Advice(
+        "enable_prefix_cache", "llama.cpp",
+        "Keep llama-server's prompt cache on (--cache-prompt, on by default; older builds need "
+        '`"cache_prompt": true` in each request) and add --cache-reuse 256 to reuse chunks '
+        "after a changed middle (llama-cpp-python already reuses the previous prompt's prefix; "
+        "start it with --cache true to keep older prompts in RAM).",
+        "--cache-prompt",
+        _LLAMA + "; " + _LCPP + " (`cache`, `cache_type`, `cache_size`) and llama_cpp/llama.py "
+        "(longest common prefix with the previous prompt)",
+    ),
+    Advice(
+        "smaller_prefill_chunks", "llama.cpp",
+        "Lower llama-server's -b/--batch-size (default 2048) and -ub/--ubatch-size (default 512) "
+        "so each step takes fewer prompt tokens beside the running streams (llama-cpp-python: "
+        "--n_batch and --n_ubatch, but it serves one request at a time, so no stream is "
+        "interrupted there).",
+        "--batch-size", _LLAMA + "; " + _LCPP_ONE,
+    ),
+    Advice(
+        "larger_prefill_chunks", "llama.cpp",
+        "Raise llama-server's -b/--batch-size and -ub/--ubatch-size (ubatch no larger than "
+        "batch) so a prompt needs fewer steps (llama-cpp-python: --n_batch and --n_ubatch).",
+        "--batch-size", _LLAMA + "; " + _LCPP,
+    ),
+    Advice(
+        "more_concurrent_sequences", "llama.cpp",
+        "Start llama-server with more slots, -np/--parallel N, and a -c/--ctx-size large enough "
+        "for N contexts (llama-cpp-python serves one request at a time: run more processes "
+        "instead).",
+        "--parallel", _LLAMA + "; " + _LCPP_ONE,
+    ),
+    Advice(
+        "more_kv_memory", "llama.cpp",
+        "Start llama-server with a larger -c/--ctx-size: it is the whole KV pool, shared by the "
+        "-np slots (llama-cpp-python: --n_ctx).",
+        "--ctx-size", _LLAMA + "; " + _LCPP,
+    ),
+    Advice(
+        "fp8_kv_cache", "llama.cpp",
+        "Start llama-server with -ctk q8_0 -ctv q8_0 (--cache-type-k, --cache-type-v) and "
+        "flash attention on, -fa on, which a quantized V cache needs (llama-cpp-python: "
+        "--type_k 8 --type_v 8 --flash_attn true, 8 being GGML_TYPE_Q8_0).",
+        "--cache-type-k",
+        _LLAMA + "; " + _LCPP + " and llama_cpp/llama_cpp.py (GGML_TYPE_Q8_0 = 8); the "
+        "flash-attention requirement from the error 'quantized V cache requires flash_attn' "
+        "quoted in run logs, not verified in llama.cpp's source",
+    ),
+    Advice(
+        "shorter_max_context", "llama.cpp",
+        "Lower llama-server's -c/--ctx-size, the KV pool its -np slots share, so each slot's "
+        "context stays short (llama-cpp-python: --n_ctx).",
+        "--ctx-size", _LLAMA + "; " + _LCPP,
+    ),
+    Advice(
+        "quantize_weights", "llama.cpp",
+        "Load a lower-bit GGUF of the same model (e.g. Q4_K_M instead of Q8_0 or F16, with "
+        "`-hf <repo>:Q4_K_M` or a file made by llama-quantize; the same file works for "
+        "llama-cpp-python's --model): fewer bytes a weight is fewer bytes read a token.",
+        None, _LLAMA + " (`-hf <user>/<model>[:quant]`); llama-quantize not verified here",
+    ),
+    Advice(
+        "keep_model_loaded", "llama.cpp",
+        "llama-server keeps its model loaded while it runs and warms up at start (unless "
+        "--no-warmup): send one warm-up request after each restart before taking traffic "
+        "(llama-cpp-python also loads the model at start).",
+        None, _LLAMA + "; " + _LCPP,
+    ),
+    Advice(
+        "add_replicas", "llama.cpp",
+        "Run more llama-server (or llama-cpp-python) processes, one per GPU, behind a load "
+        "balancer; one server has no replica setting.",
+        None, _LLAMA + " (no replica flag)",
+    ),
+    Advice(
+        "disaggregate", "llama.cpp",
+        "llama.cpp has no prefill/decode disaggregation: lower -b/--batch-size instead, or move "
+        "to vLLM or SGLang when there are whole GPUs for each phase.",
+        None, _LLAMA + " (no such flag in the server's table)",
+    ),
+])
+# fmt: on
+
+_PROPS = "/props"
+
+
+def recognise(answers: Answers) -> Detected | None:
+    props = answers.get(_PROPS)
+    if not isinstance(props, dict) or "default_generation_settings" not in props:
+        return None
+    return Detected(str_or_none(props.get("build_info")))
+
+
+def read_settings(answers: Answers, info: Mapping[str, str] | None,
+                  flags: Sequence[str]) -> ServerSettings:
+    props = answers.get(_PROPS)
+    props = props if isinstance(props, dict) else {}
+    dgs = props.get("default_generation_settings")
+    dgs = dgs if isinstance(dgs, dict) else {}
+    budget = int_or_none(flag_value(flags, "--batch-size", "-b"))
+    return ServerSettings(
+        prefill_budget_tokens=budget,
+        budget_label=f"--batch-size {budget}" if budget is not None
+        else "the server's default budget",
+        max_sequences=int_or_none(props.get("total_slots")),
+        context_tokens=int_or_none(dgs.get("n_ctx")),
+        sources=("/props",) if props else ())
+
+
+def model_paths(answers: Answers, model: str) -> tuple[str, ...]:
+    props = answers.get(_PROPS)
+    own = props.get("model_path") if isinstance(props, dict) else None
+    return models_root_paths(answers, model) + ((own,) if isinstance(own, str) and own else ())
+
+
+LLAMA_CPP = ServerFamily(
+    name="llama.cpp",
+    display="llama.cpp",
+    advice=ADVICE,
+    probes=(_PROPS,),
+    recognise=recognise,
+    fixed_output=lambda max_tokens: {"ignore_eos": True},
+    tokenizer=Tokenizer(
+        tokenize_path="/tokenize",
+        tokenize_body=lambda text, model: {"content": text, "add_special": True},
+        detokenize_path="/detokenize",
+        detokenize_body=lambda ids, model: {"tokens": list(ids)},
+        text_key="content",
+    ),
+    metric_map=METRICS,
+    settings_paths=(_PROPS,),
+    read_settings=read_settings,
+    model_paths=model_paths,
+    scheduling="slots",  # --parallel slots (tools/server/README.md)
+)
+
+_EXTRAS_TOKENIZE = "/extras/tokenize"
+
+
+def recognise_python(answers: Answers) -> Detected | None:
+    answer = answers.get(_EXTRAS_TOKENIZE)
+    if isinstance(answer, dict) and isinstance(answer.get("tokens"), list):
+        return Detected()
+    return None
+
+
+def read_settings_python(answers: Answers, info: Mapping[str, str] | None,
+                         flags: Sequence[str]) -> ServerSettings:
+    budget = int_or_none(flag_value(flags, "--n_batch"))
+    return ServerSettings(
+        prefill_budget_tokens=budget,
+        budget_label=f"--n_batch {budget}" if budget is not None
+        else "the server's default budget",
+        max_sequences=1, context_tokens=int_or_none(flag_value(flags, "--n_ctx")),
+        sources=("one request at a time (llama_cpp/server/app.py)",))
+
+
+def _fixed_python(max_tokens: int) -> dict[str, Any]:
+    return {"min_tokens": max_tokens}
+
+
+LLAMA_CPP_PYTHON = ServerFamily(
+    name="llama-cpp-python",
+    display="llama-cpp-python",
+    advice=ADVICE,
+    advice_family="llama.cpp",
+    recognise=recognise_python,
+    confirm=Confirm(_EXTRAS_TOKENIZE, {"input": "hello"}),
+    fixed_output=_fixed_python,
+    tokenizer=Tokenizer(
+        tokenize_path=_EXTRAS_TOKENIZE,
+        tokenize_body=lambda text, model: {"input": text, "model": model},
+        detokenize_path="/extras/detokenize",
+        detokenize_body=lambda ids, model: {"tokens": list(ids)},
+        text_key="text",
+    ),
+    serial=True,
+    scheduling="slots",  # one slot: one request at a time
+    no_metrics_reason="llama-cpp-python has no /metrics endpoint",
+    read_settings=read_settings_python,
+)
