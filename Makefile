@@ -46,6 +46,7 @@ bench: $(LAB)
 	$(BIN)/python tools/selftest_doc.py
 	$(BIN)/python tools/bench_clients.py --tools vllm,pdscope --concurrency 1,50,200 \
 		--repeat-c1 1 --no-doc
+	$(BIN)/python tools/bench_planner.py
 
 $(CORE): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -70,7 +70,7 @@ async def stream(session: aiohttp.ClientSession, url: str, model: str, index: in
     }
     usage: dict = {}
     async with session.post(
-        url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=150)
+        url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=300)
     ) as response:
         response.raise_for_status()
         async for raw in response.content:
@@ -211,14 +211,15 @@ def test_watch_beside_bench_queues_and_agrees_with_the_clients_ttft(
                                  "--json", *flags], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
 
-    whole = watch("--count", "1", "--interval", "25")
+    # One window long enough for the whole run on a machine a few times slower than this one.
+    whole = watch("--count", "1", "--interval", "45")
     live = watch("--count", "6", "--interval", "1")
     time.sleep(0.5)  # both have taken their first scrape
     r = subprocess.run(
         [sys.executable, "-m", "pdscope", "bench", vllm_server.url, "--concurrency", "8",
          "--num-prompts", "8", "--input-len", "1000", "--output-len", "16", "--no-metrics",
          "--out", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=300,
     )
     assert r.returncode == 0, r.stderr
     bench = json.loads(r.stdout)

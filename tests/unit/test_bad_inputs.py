@@ -33,12 +33,14 @@ from pdscope.doctor.run import previous_interference
 from pdscope.errors import InputError
 from pdscope.lab import check_engine_args
 from pdscope.load.results import RunFolder
+from pdscope.plan import Calibration, SchedulerConfig, StepModel
 from pdscope.selftest import ReferenceConfig, run_in_subprocess
 from tests.conftest import MODEL_CONFIGS
 
 DOWN = "http://127.0.0.1:9"  # nothing listens on the discard port: connecting fails at once
 BENCH = ("bench", DOWN, "--concurrency", "1", "--num-prompts", "1")
 KV_SHAPE = ("--layers", "2", "--kv-heads", "2", "--head-dim", "2")
+PREDICT = ("plan", "predict", "{cal}", "--rate", "1", "--num-requests", "20")
 
 # (id, argv, exit status, text the one line must hold (case-insensitive))
 CASES: list[tuple[str, tuple[str, ...], int, str]] = [
@@ -278,6 +280,50 @@ CASES: list[tuple[str, tuple[str, ...], int, str]] = [
     ("demo-engine-unknown", ("demo", "--engine", "tgi"), 2, "invalid choice"),
     ("demo-out-is-file", ("demo", "--out", "{file}"), 2, "a file of that name exists"),
     ("demo-out-proc", ("demo", "--out", "/proc/pdscope-bad-input"), 2, "cannot create"),
+    # ---- plan ({cal}: a calibration folder)
+    ("plan-no-action", ("plan",), 2, "required"),
+    ("plan-set-unknown", (*PREDICT, "--set", "budget=512"), 2, "known: max_num_batched_tokens"),
+    ("plan-set-no-value", (*PREDICT, "--set", "max_num_seqs"), 2, "unknown setting"),
+    ("plan-set-word", (*PREDICT, "--set", "max_num_seqs=many"), 2, "whole number"),
+    ("plan-set-zero", (*PREDICT, "--set", "max_num_seqs=0"), 2, "at least 1"),
+    ("plan-set-budget-below-seqs", (*PREDICT, "--set", "max_num_batched_tokens=8"), 2,
+     "at least the number of sequences"),
+    ("plan-set-prefix-word", (*PREDICT, "--set", "prefix_caching=maybe"), 2, "on or off"),
+    ("plan-replicas-0", (*PREDICT, "--replicas", "0"), 2, "from 1 to"),
+    ("plan-no-load", ("plan", "predict", "{cal}"), 2, "one of the arguments"),
+    ("plan-rate-and-users", (*PREDICT, "--users", "2"), 2, "not allowed with"),
+    ("plan-rate-0", ("plan", "predict", "{cal}", "--rate", "0"), 2, "above 0"),
+    ("plan-rate-inf", ("plan", "predict", "{cal}", "--rate", "inf"), 2, "finite"),
+    ("plan-input-len-bad", (*PREDICT, "--input-len", "lots"), 2, "bad length"),
+    ("plan-shared-prefix-2", (*PREDICT, "--shared-prefix", "2"), 2, "0 to 1"),
+    ("plan-cal-missing", ("plan", "predict", "{tmp}/nowhere", "--rate", "1"), 2,
+     "cannot read the calibration"),
+    ("plan-cal-not-json", ("plan", "predict", "{file}", "--rate", "1"), 2, "not JSON"),
+    ("plan-cal-other-json", ("plan", "predict", "{cfg:num_key_value_heads=8}", "--rate", "1"),
+     2, "not a pdscope calibration"),
+    ("plan-device-unknown", (*PREDICT, "--device", "nope-9000"), 2, "nope-9000"),
+    ("plan-lengths-twice", (*PREDICT, "--lengths", "sharegpt", "--from-run", "{tmp}"), 2,
+     "exclude each other"),
+    ("plan-dataset-missing", (*PREDICT, "--dataset", "{tmp}/none.jsonl"), 2, "no such file"),
+    ("plan-from-run-empty", (*PREDICT, "--from-run", "{tmp}"), 2,
+     "not a readable bench run folder"),
+    ("plan-slo-missing", ("plan", "capacity", "{cal}"), 2, "--slo"),
+    ("plan-slo-no-limit", ("plan", "capacity", "{cal}", "--slo", "ttft"), 2, "ttft:MS"),
+    ("plan-slo-unknown", ("plan", "capacity", "{cal}", "--slo", "speed:5"), 2, "ttft:MS"),
+    ("plan-slo-word", ("plan", "capacity", "{cal}", "--slo", "ttft:soon"), 2, "milliseconds"),
+    ("plan-slo-negative", ("plan", "capacity", "{cal}", "--slo", "ttft:-5"), 2,
+     "positive number"),
+    ("plan-slo-unreachable", ("plan", "capacity", "{cal}", "--slo", "ttft:1"), 2,
+     "no load meets the SLO"),
+    ("plan-percentile-0", ("plan", "capacity", "{cal}", "--slo", "ttft:500", "--percentile",
+                           "0"), 2, "above 0"),
+    ("plan-whatif-device-unknown", ("plan", "whatif", "{cal}", "--slo", "ttft:500",
+                                    "--devices", "h100-sxm,nope-9000"), 2, "nope-9000"),
+    ("plan-calibrate-down", ("plan", "calibrate", DOWN, "--out", "{tmp}/cal"), 1,
+     "127.0.0.1:9"),
+    ("plan-calibrate-out-proc", ("plan", "calibrate", DOWN, "--out", "/proc/pdscope-cal"), 2,
+     "cannot create"),
+    ("plan-calibrate-runs-0", ("plan", "calibrate", DOWN, "--runs", "0"), 2, "from 1 to"),
 ]
 
 # The cases the issue lists, by id: each must be in the table.
@@ -332,6 +378,15 @@ def ref() -> Iterator[str]:
     with run_in_subprocess(ReferenceConfig(ttft_base_s=0.01, ttft_per_token_s=0.0,
                                            itl_s=0.002)) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def cal(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A calibration folder: a step model like the lab's vLLM, vLLM's default scheduler."""
+    folder = tmp_path_factory.mktemp("calibration")
+    Calibration(StepModel(0.012, 0.00045, 0.0005, 2e-6, 1e-9), SchedulerConfig(),
+                {"family": "vllm"}).save(folder)
+    return str(folder)
 
 
 @pytest.fixture(scope="module")
@@ -422,7 +477,7 @@ def test_the_table_is_large_and_holds_every_listed_case() -> None:
     assert set(ids) >= LISTED, LISTED - set(ids)
     commands = {c[1][0] for c in CASES}
     assert {"ceiling", "kv", "devices", "probe", "sweep", "context", "prefix", "interference",
-            "bench", "watch", "doctor", "selftest", "lab", "demo"} <= commands
+            "bench", "watch", "doctor", "selftest", "lab", "demo", "plan"} <= commands
 
 
 # ------------------------------------------------------------- what the table cannot show

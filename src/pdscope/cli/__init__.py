@@ -28,6 +28,7 @@ from pdscope.cli import (
     interference,
     kv,
     lab,
+    plan,
     prefix,
     probe,
     selftest,
@@ -38,8 +39,8 @@ from pdscope.cli.common import CliParser, print_error
 from pdscope.errors import PdscopeError
 
 COMMANDS = (
-    demo, doctor, probe, sweep, context, prefix, interference, bench, watch, ceiling, kv,
-    devices, lab, selftest,
+    demo, doctor, probe, sweep, context, prefix, interference, bench, watch, plan, ceiling,
+    kv, devices, lab, selftest,
 )
 
 

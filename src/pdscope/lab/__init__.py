@@ -17,7 +17,7 @@ from pdscope.lab.engines import (
     model_path_for,
     network_flags,
 )
-from pdscope.lab.model import SERVED_NAME, bundled_gguf, cache_root, hf_model_dir
+from pdscope.lab.model import SERVED_NAME, bundled_gguf, cache_root, hf_model_dir, lab_dtype
 from pdscope.lab.server import (
     LabServer,
     free_port,
@@ -42,6 +42,7 @@ __all__ = [
     "free_port",
     "get_engine",
     "hf_model_dir",
+    "lab_dtype",
     "log_tail",
     "model_path_for",
     "network_flags",

@@ -14,17 +14,18 @@ from pathlib import Path
 from typing import Any
 
 
-def convert(gguf: Path, out: Path) -> None:
+def convert(gguf: Path, out: Path, dtype_name: str = "bfloat16") -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     folder, name = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype_name]
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
     config = loaded.config.to_dict()
     config.pop("quantization_config", None)
     plain: Any = LlamaForCausalLM(LlamaConfig.from_dict(config))
-    plain = plain.to(torch.bfloat16)
+    plain = plain.to(dtype)
     result = plain.load_state_dict(loaded.state_dict(), strict=True)
     if result.missing_keys or result.unexpected_keys:
         raise SystemExit(f"weights did not match: {result}")
@@ -35,4 +36,4 @@ def convert(gguf: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    convert(Path(sys.argv[1]), Path(sys.argv[2]))
+    convert(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:4])

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdscope.errors import InputError
-from pdscope.lab.model import SERVED_NAME, bundled_gguf, hf_model_dir
+from pdscope.lab.model import SERVED_NAME, bundled_gguf, hf_model_dir, lab_dtype
 
 HOST = "127.0.0.1"  # the lab never listens beyond this machine
 
@@ -40,7 +40,8 @@ class Engine:
 
     def command(self, port: int, extra: Sequence[str]) -> list[str]:
         if self.name == "vllm":
-            model = hf_model_dir()
+            dtype = lab_dtype()
+            model = hf_model_dir(dtype=dtype)
             return [
                 sys.executable, "-m", self.module,
                 "--model", str(model),
@@ -48,7 +49,7 @@ class Engine:
                 "--host", HOST,
                 "--port", str(port),
                 "--max-model-len", "4096",
-                "--dtype", "bfloat16",
+                "--dtype", dtype,
                 *extra,
             ]
         return [

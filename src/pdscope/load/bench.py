@@ -239,6 +239,7 @@ async def run_bench(
         run_meta = {
             "url": info.base_url, "server": info.kind, "server_version": info.version,
             "model": target.model, "api": target.api, "workload": workload.describe(),
+            "prefix_groups": workload.prefix_groups, "prefix_tokens": workload.prefix_tokens,
             "stages": [s.to_json() for s in stages], "started_at": time.time(),
             **(meta or {}),
         }

@@ -1,0 +1,526 @@
+"""pdscope plan: calibrate a step-time model on a server, then predict, find the capacity at an
+SLO, and try changes — in a simulator of the server's scheduler."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from pdscope.cli.common import (
+    command_parser,
+    console,
+    float_in,
+    int_in,
+    make_config,
+    non_negative_float,
+    out_folder,
+    positive_int,
+    print_json,
+    share,
+    write_result,
+)
+from pdscope.cli.experiment import progress_bar
+from pdscope.cli.server_args import add_server_args, check_ceiling_args, client_kwargs
+from pdscope.errors import InputError
+from pdscope.hardware import find_device
+from pdscope.load.results import read_run
+from pdscope.plan.calibrate import (
+    Calibration,
+    CalibrationConfig,
+    load_calibration,
+    run_calibration,
+)
+from pdscope.plan.capacity import CapacityPoint, max_rate, max_users
+from pdscope.plan.demand import (
+    DrawnLengths,
+    LengthMix,
+    LogNormalLengths,
+    SampledLengths,
+    SharedPrefix,
+    closed_loop,
+    open_loop,
+    replay,
+)
+from pdscope.plan.scheduler import SchedulerConfig
+from pdscope.plan.simulate import Slo, simulate
+from pdscope.plan.stepmodel import TERMS, StepModel
+from pdscope.plan.whatif import DEVICES, standard_changes, what_if
+from pdscope.report.fmt import seconds
+from pdscope.workload.datasets import load_jsonl, load_sharegpt, parse_lengths
+
+EXAMPLES = """
+  pdscope plan calibrate http://127.0.0.1:28100 --out cal       fit the lab's vLLM (2-3 min)
+  pdscope plan predict cal --rate 2 --input-len 512 --output-len 128
+  pdscope plan predict cal --users 8 --set max_num_batched_tokens=512 --json
+  pdscope plan predict cal --rate 1 --lengths sharegpt --replicas 2 --device h100-sxm
+  pdscope plan predict cal --replay runs/bench-20261201-101500   prediction beside the run
+  pdscope plan capacity cal --slo ttft:1000,itl:100 --input-len 512 --output-len 128
+  pdscope plan whatif cal --slo ttft:1000,itl:100 --input-len 512 --output-len 128
+"""
+
+# The --set keys: the scheduler's settings, as their fields are named (dashes allowed).
+SET_KEYS = tuple(f.name for f in fields(SchedulerConfig) if f.name != "policy")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = command_parser(
+        sub, "plan",
+        "predict latency and capacity from a model of the server's scheduler",
+        "Calibrate once on your server (a short designed set of requests, kept below\n"
+        "saturation): pdscope fits the time of one engine step to what the step does\n"
+        "(prompt tokens, sequences, context read) and reads the scheduler's settings. Then\n"
+        "predict any load, find the most users or the highest rate that meet an SLO, and see\n"
+        "what a change would do — a token budget, more sequences, prefix caching, replicas,\n"
+        "another GPU or 4-bit weights (the last two extrapolated by the roofline).",
+        EXAMPLES,
+    )
+    actions = p.add_subparsers(dest="plan_action", metavar="ACTION", required=True)
+
+    c = actions.add_parser("calibrate", help="fit the step-time model on a server",
+                           description="Fits the step-time model on the server at URL and"
+                           " writes DIR/calibration.json.",
+                           epilog="examples:\n  pdscope plan calibrate http://127.0.0.1:28100"
+                           " --out cal",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_args(c)
+    c.add_argument("--runs", type=int_in(1, 20), default=2, metavar="K",
+                   help="times each point is measured (default 2)")
+    c.add_argument("--out", metavar="DIR", default="calibration",
+                   help="folder for calibration.json (default ./calibration; made, and"
+                   " checked before the first request)")
+    c.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    c.set_defaults(handler=run_calibrate)
+
+    r = actions.add_parser("predict", help="simulate one load",
+                           description="Simulates the calibrated server under one load and"
+                           " prints the latency percentiles, throughput, queue and KV usage.",
+                           epilog="examples:\n" + _examples("predict"),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_calibration_args(r)
+    load = r.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rate", type=float_in(0, 1e6, above=True), metavar="R",
+                      help="requests a second (open loop)")
+    load.add_argument("--users", type=int_in(1, 1_000_000), metavar="N",
+                      help="concurrent users (closed loop)")
+    load.add_argument("--replay", metavar="DIR",
+                      help="the requests of a bench run folder, at the times they were sent;"
+                      " the run's measured figures are set beside the prediction")
+    r.add_argument("--num-requests", type=int_in(1, 10_000_000), default=2000, metavar="K",
+                   help="requests to simulate (default 2000)")
+    r.add_argument("--burstiness", type=float_in(0, 1000, above=True), default=1.0,
+                   help="gamma shape of the gaps between arrivals (1: Poisson; below 1:"
+                   " burstier)")
+    r.add_argument("--mode", choices=("fast", "exact"), default="fast",
+                   help="fast (default) or exact: one engine step at a time, the same answer")
+    r.set_defaults(handler=run_predict)
+
+    k = actions.add_parser("capacity", help="the most load that meets an SLO",
+                           description="The highest request rate and the most concurrent"
+                           " users whose latencies meet the SLO, which objective binds, and"
+                           " where the server saturates.",
+                           epilog="examples:\n" + _examples("capacity"),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_calibration_args(k)
+    _add_slo_args(k)
+    k.add_argument("--num-requests", type=int_in(10, 1_000_000), default=2000, metavar="K",
+                   help="requests simulated at each load tried (default 2000)")
+    k.set_defaults(handler=run_capacity)
+
+    w = actions.add_parser("whatif", help="what each change would do",
+                           description="One table: each change to the calibrated server and"
+                           " the users it would hold at the SLO, with the TTFT and ITL p99 at"
+                           " today's capacity. Other devices and weight widths are"
+                           " extrapolated by the roofline and marked so.",
+                           epilog="examples:\n" + _examples("whatif"),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_calibration_args(w, device=False)
+    _add_slo_args(w)
+    w.add_argument("--devices", default=",".join(DEVICES), metavar="D,D",
+                   help=f"devices to try (default {','.join(DEVICES)}; '' for none)")
+    w.add_argument("--num-requests", type=int_in(10, 1_000_000), default=1000, metavar="K",
+                   help="requests simulated at each load tried (default 1000)")
+    w.set_defaults(handler=run_whatif)
+
+
+def _examples(action: str) -> str:
+    return "\n".join(line for line in EXAMPLES.strip("\n").splitlines()
+                     if f"plan {action}" in line)
+
+
+def _add_calibration_args(p: argparse.ArgumentParser, *, device: bool = True) -> None:
+    p.add_argument("calibration", metavar="CAL",
+                   help="a calibration folder or its calibration.json")
+    g = p.add_argument_group("workload")
+    g.add_argument("--input-len", default="512", metavar="N",
+                   help="prompt tokens: N, uniform:MIN:MAX or normal:MEAN:SD (default 512)")
+    g.add_argument("--output-len", default="128", metavar="N",
+                   help="output tokens, as --input-len (default 128)")
+    g.add_argument("--lengths", choices=("sharegpt",),
+                   help="sharegpt: long-tailed chat lengths (log-normal, medians 200 in, 250"
+                   " out) instead of --input-len/--output-len")
+    g.add_argument("--dataset", metavar="PATH",
+                   help="sample lengths from a JSONL or ShareGPT file (as bench reads it)")
+    g.add_argument("--from-run", metavar="DIR",
+                   help="sample lengths from a bench run folder's completed requests")
+    g.add_argument("--shared-prefix", type=share, default=0.0, metavar="F",
+                   help="share of requests that start with a shared system prompt (0-1)")
+    g.add_argument("--prefix-tokens", type=positive_int, default=1024, metavar="T",
+                   help="tokens of each shared prefix (default 1024)")
+    g.add_argument("--prefix-groups", type=positive_int, default=1, metavar="G",
+                   help="distinct shared prefixes (default 1)")
+    g.add_argument("--think", type=non_negative_float, default=0.0, metavar="S",
+                   help="closed loop: seconds a user waits between an answer and its next"
+                   " request (default 0)")
+    g.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    s = p.add_argument_group("server changes")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"a scheduler setting: {', '.join(SET_KEYS)}")
+    s.add_argument("--replicas", type=int_in(1, 1024), metavar="N",
+                   help="identical servers behind a least-outstanding router")
+    if device:
+        s.add_argument("--device", metavar="D",
+                       help="another device (see `pdscope devices`): the model is scaled by"
+                       " the roofline's bandwidth and compute ratios (an extrapolation)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _add_slo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--slo", required=True, metavar="OBJ:MS,...",
+                   help="objectives in milliseconds: ttft, itl, tpot, e2e (e.g."
+                   " ttft:1000,itl:100)")
+    p.add_argument("--percentile", type=float_in(0, 100, above=True), default=99.0,
+                   help="the percentile each objective applies to (default 99)")
+
+
+# --------------------------------------------------------------------------- flags to library
+
+
+def parse_slo(text: str, percentile: float = 99.0) -> Slo:
+    """``ttft:1000,itl:100`` (milliseconds) as an :class:`Slo` (seconds)."""
+    limits: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = part.partition(":")
+        name = name.strip().lower()
+        if name not in ("ttft", "itl", "tpot", "e2e") or not sep:
+            raise InputError(f"--slo {part!r}: use ttft:MS, itl:MS, tpot:MS or e2e:MS")
+        try:
+            limits[f"{name}_s"] = float(value) / 1000
+        except ValueError:
+            raise InputError(f"--slo {part!r}: the limit is a number of milliseconds") from None
+    return make_config(Slo, {"percentile": "--percentile"}, percentile=percentile, **limits)
+
+
+def parse_settings(pairs: Sequence[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs as scheduler fields; an unknown key lists the known ones."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in SET_KEYS:
+            raise InputError(f"--set {pair!r}: unknown setting; known: {', '.join(SET_KEYS)}")
+        out[key] = _setting_value(key, value.strip(), pair)
+    return out
+
+
+def _setting_value(key: str, value: str, pair: str) -> Any:
+    if key == "prefix_caching":
+        if value.lower() in ("on", "true", "1", "yes"):
+            return True
+        if value.lower() in ("off", "false", "0", "no"):
+            return False
+        raise InputError(f"--set {pair!r}: prefix_caching is on or off")
+    if key == "kv_pool_tokens" and value.lower() in ("none", "unlimited"):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"--set {pair!r}: {key} is a whole number") from None
+
+
+def server_under_test(args: argparse.Namespace, cal: Calibration) -> tuple[StepModel,
+                                                                        SchedulerConfig]:
+    """The calibrated model and scheduler with the flags' changes."""
+    changes = parse_settings(args.set)
+    if args.replicas is not None:
+        changes["replicas"] = args.replicas
+    try:
+        scheduler = replace(cal.scheduler, **changes)
+    except InputError as exc:
+        raise InputError(f"--set: {exc}") from None
+    model = cal.step_model
+    if getattr(args, "device", None):
+        model = scaled_to(cal, args.device)
+    return model, scheduler
+
+
+def scaled_to(cal: Calibration, device: str) -> StepModel:
+    spec = find_device(device)
+    bandwidth = cal.server.get("device_bandwidth_gb_s")
+    if not bandwidth:
+        raise InputError(f"--device {device}: the calibration does not say the bandwidth of"
+                         " the device it was made on, so nothing can be scaled from it")
+    tflops = cal.server.get("device_bf16_tflops")
+    flops_ratio = spec.bf16_tflops / tflops if spec.bf16_tflops and tflops else 1.0
+    return cal.step_model.scaled(bandwidth_ratio=spec.mem_bandwidth_gb_s / bandwidth,
+                                 flops_ratio=flops_ratio,
+                                 label=f"{spec.name} by the roofline's ratios")
+
+
+def lengths_from(args: argparse.Namespace) -> LengthMix:
+    given = [name for name, on in (("--lengths", args.lengths), ("--dataset", args.dataset),
+                                   ("--from-run", args.from_run)) if on]
+    if len(given) > 1:
+        raise InputError(f"{' and '.join(given)} exclude each other: give one source of"
+                         " lengths")
+    if args.lengths == "sharegpt":
+        return LogNormalLengths()
+    if args.dataset:
+        path = Path(args.dataset)
+        if not path.is_file():
+            raise InputError(f"--dataset {args.dataset}: no such file")
+        items = load_sharegpt(path) if _looks_sharegpt(path) else load_jsonl(path)
+        return SampledLengths.from_items(items, f"the dataset {path}")
+    if args.from_run:
+        return SampledLengths.from_run(args.from_run)
+    return DrawnLengths(parse_lengths(args.input_len), parse_lengths(args.output_len))
+
+
+def _looks_sharegpt(path: Path) -> bool:
+    head = path.read_text(encoding="utf-8", errors="replace")[:4096].lstrip()
+    return head.startswith("[") or '"conversations"' in head
+
+
+def shared_prefix_from(args: argparse.Namespace) -> SharedPrefix | None:
+    if not args.shared_prefix:
+        return None
+    return make_config(SharedPrefix, {"fraction": "--shared-prefix"},
+                       fraction=args.shared_prefix, groups=args.prefix_groups,
+                       prefix_tokens=args.prefix_tokens)
+
+
+# ------------------------------------------------------------------------------- commands
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    config = make_config(CalibrationConfig, runs=args.runs, **client_kwargs(args))
+    check_ceiling_args(args)
+    with out_folder(args.out) as folder:
+        total = 1 + config.runs * (len(config.prefill_tokens) + len(config.decode_contexts)
+                                   + len(config.batch_streams))
+        with progress_bar("calibrating", total) as progress:
+            cal = asyncio.run(run_calibration(args.url, config, device=args.device,
+                                              model_config=args.model_config,
+                                              progress=progress))
+        text = json.dumps(cal.to_json(), indent=2, allow_nan=False)
+        path = write_result(folder / "calibration.json", text, "the calibration")
+    if args.json:
+        print_json(cal.to_json())
+        return 0
+    show_calibration(cal, path)
+    return 0
+
+
+def show_calibration(cal: Calibration, path: Path) -> None:
+    server = cal.server
+    console.print(f"[bold]{server.get('family')} {server.get('version') or ''}[/] at"
+                  f" {server.get('url')}, model [bold]{server.get('model')}[/], calibrated in"
+                  f" {cal.duration_s or 0:.0f} s")
+    table = Table(title="Time of one engine step", title_justify="left")
+    table.add_column("term")
+    table.add_column("coefficient", justify="right")
+    table.add_column("± (1 s.e.)", justify="right")
+    table.add_column("from")
+    m = cal.step_model
+    errors = m.standard_errors or (None,) * len(TERMS)
+    for name, value, err in zip(TERMS, m.coefficients, errors, strict=True):
+        table.add_row(_term_words(name), _coefficient(name, value),
+                      "—" if err is None else _coefficient(name, err),
+                      "prior (roofline)" if name in m.fixed else "fit")
+    console.print(table)
+    fit = ", ".join(f"{part} {err:.1%}" for part, err in cal.errors_by_part().items())
+    r2 = "—" if m.r_squared is None else f"{m.r_squared:.4f}"
+    console.print(f"fit: {m.observations} observations, R² {r2}; median error by part: {fit}")
+    s = cal.scheduler
+    console.print(f"scheduler: {s.policy}, {s.step_tokens:,} tokens a step, {s.sequences}"
+                  f" sequences, KV pool"
+                  f" {'unlimited' if s.kv_pool_tokens is None else f'{s.kv_pool_tokens:,}'}"
+                  f" tokens, prefix caching {'on' if s.prefix_caching else 'off'}")
+    for a in cal.assumptions:
+        console.print(f"[yellow]assumed:[/] {a}")
+    for n in cal.notes:
+        console.print(f"[dim]note: {n}[/dim]")
+    console.print(f"calibration: {path}")
+
+
+def _term_words(name: str) -> str:
+    return {"base_s": "a step (fixed)", "per_prompt_token_s": "a prompt token",
+            "per_sequence_s": "a sequence", "per_context_token_s": "a context token read",
+            "per_attention_pair_s": "an attention pair"}[name]
+
+
+def _coefficient(name: str, value: float) -> str:
+    if name in ("base_s", "per_sequence_s"):
+        return f"{value * 1e3:.3f} ms"
+    if name == "per_attention_pair_s":
+        return f"{value * 1e9:.4f} ns"
+    return f"{value * 1e6:.3f} µs"
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    cal = load_calibration(args.calibration)
+    model, scheduler = server_under_test(args, cal)
+    lengths = lengths_from(args)
+    prefix = shared_prefix_from(args)
+    if args.replay:
+        demand = replay(args.replay)
+    elif args.rate is not None:
+        demand = open_loop(args.num_requests, args.rate, lengths, burstiness=args.burstiness,
+                           seed=args.seed, shared_prefix=prefix)
+    else:
+        demand = closed_loop(args.num_requests, args.users, lengths, think_s=args.think,
+                             seed=args.seed, shared_prefix=prefix)
+    result = simulate(demand, model, scheduler, mode=args.mode)
+    summary = result.summary()
+    data = {"load": demand.label, "mode": args.mode, **summary,
+            "scheduler": scheduler.to_json(), "extrapolation": model.extrapolation,
+            "calibration": str(args.calibration)}
+    if args.replay:
+        data["measured"] = measured_figures(args.replay)
+    if args.json:
+        print_json(data)
+        return 0
+    show_prediction(data)
+    return 0
+
+
+# bench's summary keys (milliseconds) for the figures a prediction gives (seconds).
+MEASURED_KEYS = {"ttft_p50_s": "median_ttft_ms", "ttft_p99_s": "p99_ttft_ms",
+                 "itl_p50_s": "median_itl_ms", "itl_p99_s": "p99_itl_ms",
+                 "tpot_p50_s": "median_tpot_ms", "tpot_p99_s": "p99_tpot_ms",
+                 "e2e_p50_s": "median_e2el_ms", "e2e_p99_s": "p99_e2el_ms"}
+
+
+def measured_figures(path: str) -> dict[str, float | None]:
+    """The figures a bench run measured, under the prediction's keys (seconds)."""
+    summaries = read_run(path).summaries
+    if len(summaries) != 1:
+        return {}
+    s = summaries[0]
+    return {key: None if s.get(ms) is None else float(s[ms]) / 1000
+            for key, ms in MEASURED_KEYS.items()}
+
+
+def show_prediction(d: dict[str, Any]) -> None:
+    console.print(f"[bold]predicted[/]: {d['load']}, {d['simulated_requests']:,} requests"
+                  f" simulated in {d['sim_wall_s']:.2f} s ({d['mode']} mode)")
+    table = Table(title_justify="left")
+    table.add_column("")
+    measured = d.get("measured") or {}
+    table.add_column("p50", justify="right")
+    table.add_column("p99", justify="right")
+    if measured:
+        table.add_column("measured p50", justify="right")
+        table.add_column("measured p99", justify="right")
+    for label, key in (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"),
+                       ("end to end", "e2e")):
+        cells = [_s(d.get(f"{key}_p50_s")), _s(d.get(f"{key}_p99_s"))]
+        if measured:
+            cells += [_s(measured.get(f"{key}_p50_s")), _s(measured.get(f"{key}_p99_s"))]
+        table.add_row(label, *cells)
+    console.print(table)
+    console.print(f"throughput: {d['request_throughput']:.3g} requests/s,"
+                  f" {d['output_throughput']:,.1f} output tok/s; completed {d['completed']:,}")
+    kv = d.get("peak_kv_usage")
+    console.print(f"queue: up to {d['max_waiting']} waiting, {d['mean_running']:.1f} running on"
+                  f" average; KV pool peak {'—' if kv is None else f'{kv:.0%}'}; preemptions"
+                  f" {d['preemptions']}")
+    if d.get("extrapolation"):
+        console.print(f"[yellow]extrapolation:[/] {d['extrapolation']}")
+
+
+def _s(x: float | None) -> str:
+    return "—" if x is None else seconds(x)
+
+
+def run_capacity(args: argparse.Namespace) -> int:
+    slo = parse_slo(args.slo, args.percentile)
+    cal = load_calibration(args.calibration)
+    model, scheduler = server_under_test(args, cal)
+    lengths = lengths_from(args)
+    prefix = shared_prefix_from(args)
+    rate = max_rate(model, scheduler, lengths, slo, num_requests=args.num_requests,
+                    seed=args.seed, shared_prefix=prefix)
+    users = max_users(model, scheduler, lengths, slo, think_s=args.think,
+                      num_requests=args.num_requests, seed=args.seed, shared_prefix=prefix)
+    data = capacity_json(rate, users, slo)
+    data["extrapolation"] = model.extrapolation
+    if args.json:
+        print_json(data)
+        return 0
+    console.print(f"at the SLO ({_slo_words(slo)}):")
+    console.print(f"  highest rate: [bold]{rate.rate_rps:.3g} requests/s[/] (open loop;"
+                  f" {rate.binding or 'nothing'} binds above it)")
+    console.print(f"  most users:   [bold]{users.users}[/] (closed loop, think"
+                  f" {args.think:g} s; {users.binding or 'nothing'} binds above it)")
+    if rate.saturation_rps is not None:
+        console.print(f"  the server saturates near {rate.saturation_rps:.3g} requests/s")
+    if model.extrapolation:
+        console.print(f"[yellow]extrapolation:[/] {model.extrapolation}")
+    return 0
+
+
+def capacity_json(rate: CapacityPoint, users: CapacityPoint, slo: Slo) -> dict[str, Any]:
+    return {
+        "slo": {**{f"{m}_s": v for m, v in slo.limits().items()},
+                "percentile": slo.percentile},
+        "max_rate_rps": rate.rate_rps, "max_users": users.users,
+        "binding": rate.binding, "binding_users": users.binding,
+        "saturation_rps": rate.saturation_rps,
+        "at_max_rate": rate.summary, "at_max_users": users.summary,
+    }
+
+
+def _slo_words(slo: Slo) -> str:
+    return ", ".join(f"{slo.describe(m)} ≤ {seconds(v)}" for m, v in slo.limits().items())
+
+
+def run_whatif(args: argparse.Namespace) -> int:
+    slo = parse_slo(args.slo, args.percentile)
+    cal = load_calibration(args.calibration)
+    model, scheduler = server_under_test(args, cal)
+    devices = [d for d in args.devices.split(",") if d.strip()]
+    for d in devices:
+        find_device(d)  # an unknown device is bad input, before any simulation
+    lengths = lengths_from(args)
+    changes, notes = standard_changes(model, scheduler, cal.server, devices)
+    rows = what_if(changes, lengths, slo, think_s=args.think, num_requests=args.num_requests,
+                   seed=args.seed, shared_prefix=shared_prefix_from(args))
+    if args.json:
+        print_json({"slo": {f"{m}_s": v for m, v in slo.limits().items()},
+                    "rows": [r.to_json() for r in rows], "notes": notes})
+        return 0
+    base_users = rows[0].users
+    table = Table(title=f"What each change would do at the SLO ({_slo_words(slo)})",
+                  title_justify="left")
+    table.add_column("change")
+    table.add_column("users at the SLO", justify="right")
+    table.add_column(f"TTFT p99 at {base_users or 1} users", justify="right")
+    table.add_column(f"ITL p99 at {base_users or 1} users", justify="right")
+    for row in rows:
+        users = "none" if row.users is None else str(row.users)
+        label = row.change.label + (" [yellow]*[/]" if row.change.extrapolation else "")
+        table.add_row(label, users, _s(row.ttft_p99_s), _s(row.itl_p99_s))
+    console.print(table)
+    if any(r.change.extrapolation for r in rows):
+        console.print("[yellow]*[/] extrapolated by the roofline's ratios from the calibrated"
+                      " device: a bound, not a measurement-backed prediction")
+    for n in notes:
+        console.print(f"[dim]note: {n}[/dim]")
+    return 0

@@ -1,0 +1,62 @@
+"""The planner: how many users a server holds at an SLO, and what a change would do.
+
+A step-time model fitted to the user's own server (:mod:`~pdscope.plan.calibrate`) drives a
+simulator of its scheduler (:mod:`~pdscope.plan.simulate`) under a demand
+(:mod:`~pdscope.plan.demand`); :mod:`~pdscope.plan.capacity` searches the load that still meets
+the SLO, and :mod:`~pdscope.plan.whatif` sets one change at a time beside the server as it is::
+
+    from pdscope.plan import FixedLengths, Slo, load_calibration, max_rate, open_loop, simulate
+
+    cal = load_calibration("cal/")
+    result = simulate(open_loop(2000, 1.5, FixedLengths(512, 128)), cal.step_model,
+                      cal.scheduler)
+    print(result.summary()["ttft_p99_s"])
+    print(max_rate(cal.step_model, cal.scheduler, FixedLengths(512, 128),
+                   Slo(ttft_s=1.0, itl_s=0.1)).rate_rps)
+"""
+
+from pdscope.plan.calibrate import (
+    Calibration,
+    CalibrationConfig,
+    load_calibration,
+    run_calibration,
+)
+from pdscope.plan.capacity import CapacityPoint, SloUnreachable, max_rate, max_users
+from pdscope.plan.demand import (
+    Demand,
+    FixedLengths,
+    LogNormalLengths,
+    SampledLengths,
+    SharedPrefix,
+    closed_loop,
+    open_loop,
+)
+from pdscope.plan.scheduler import SchedulerConfig
+from pdscope.plan.simulate import SimResult, Slo, simulate
+from pdscope.plan.stepmodel import StepModel, StepObservation, fit_step_model, roofline_prior
+
+__all__ = [
+    "Calibration",
+    "CalibrationConfig",
+    "CapacityPoint",
+    "Demand",
+    "FixedLengths",
+    "LogNormalLengths",
+    "SampledLengths",
+    "SchedulerConfig",
+    "SharedPrefix",
+    "SimResult",
+    "Slo",
+    "SloUnreachable",
+    "StepModel",
+    "StepObservation",
+    "closed_loop",
+    "fit_step_model",
+    "load_calibration",
+    "max_rate",
+    "max_users",
+    "open_loop",
+    "roofline_prior",
+    "run_calibration",
+    "simulate",
+]

@@ -1,0 +1,421 @@
+"""The scheduler simulator: a demand served by replicas of one engine, step by step.
+
+Each replica is an :class:`~pdscope.plan.engine.Engine` under the policy of the
+:class:`~pdscope.plan.scheduler.SchedulerConfig`; a step's duration comes from the
+:class:`~pdscope.plan.stepmodel.StepModel`. A router sends each request, when it arrives, to the
+replica with the fewest unfinished requests (ties to the first). A closed loop's users send
+their next request a think time after their last one ended.
+
+Events at the same instant go in one order: steps that end, then arrivals, then steps that
+start — so a request that arrives when a step ends is in the next step, and a request that
+finishes frees its place before the router counts.
+
+Two modes give the same answer: ``exact`` takes one engine step at a time; ``fast`` takes the
+decode steps between two events as one run in closed form (:mod:`pdscope.plan.engine`), which is
+what makes a hundred thousand requests a matter of seconds.
+
+What a result keeps: per-request times and counts, and the inter-token gaps in compact form —
+each decode run's first step duration, its growth a step, its steps and the sequences decoding
+in it (each of them got a token every step, one gap a step), plus the gaps that are not a step
+(a preempted request's wait for its recomputation). ITL percentiles weigh each step's duration
+by the sequences that decoded in it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal
+
+import numpy as np
+
+from pdscope.errors import InputError
+from pdscope.plan.demand import Demand
+from pdscope.plan.engine import BudgetEngine, Engine, SlotsEngine, Stats
+from pdscope.plan.ledger import Ledger
+from pdscope.plan.scheduler import SchedulerConfig
+from pdscope.plan.stepmodel import StepModel
+
+METRICS = ("ttft", "itl", "tpot", "e2e")
+_METRIC_WORDS = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "end-to-end latency"}
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The ``q``-th percentile of ``values`` each counted ``weights`` times, as
+    ``np.percentile(..., method="inverted_cdf")`` gives it for the values repeated: the
+    smallest value whose cumulative weight reaches ``q`` % of the total. ``nan`` when empty."""
+    return _inverted_cdf(*_cumulative(values, weights), q)
+
+
+def _cumulative(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The values with a positive weight, sorted, and their cumulative weights."""
+    values = np.asarray(values, dtype=float)
+    weights = np.asarray(weights)
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    order = np.argsort(values, kind="stable")
+    return values[order], np.cumsum(weights[order])
+
+
+def _inverted_cdf(values: np.ndarray, cumulative: np.ndarray, q: float) -> float:
+    if not len(values):
+        return math.nan
+    target = cumulative[-1] * (np.float64(q) / 100)
+    i = int(np.searchsorted(cumulative, target, side="left"))
+    return float(values[min(i, len(values) - 1)])
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """What the simulation gave: per-request arrays (in the demand's order; ``nan`` for a time
+    that did not come before the simulation stopped), the inter-token gaps in compact form (see
+    the module's docstring) and the run's peaks."""
+
+    arrival_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    preemptions: np.ndarray
+    replica: np.ndarray
+    run_first_step_s: np.ndarray
+    run_growth_s: np.ndarray
+    run_steps: np.ndarray
+    run_decoding: np.ndarray
+    extra_gaps_s: np.ndarray
+    peak_kv_usage: float | None
+    max_waiting: int
+    mean_running: float
+    busy_s: float
+    mode: str
+    sim_wall_s: float
+    label: str = ""
+
+    @property
+    def completed(self) -> int:
+        return int(np.count_nonzero(~np.isnan(self.finish_s)))
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        """Time to first token of each request that got one."""
+        ttft = self.first_token_s - self.arrival_s
+        return ttft[~np.isnan(ttft)]
+
+    @property
+    def e2e_s(self) -> np.ndarray:
+        e2e = self.finish_s - self.arrival_s
+        return e2e[~np.isnan(e2e)]
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """Time per output token after the first, of each finished request of 2 or more."""
+        many = (self.output_tokens > 1) & ~np.isnan(self.finish_s)
+        return ((self.finish_s[many] - self.first_token_s[many])
+                / (self.output_tokens[many] - 1))
+
+    @cached_property
+    def _itl_steps(self) -> tuple[np.ndarray, np.ndarray]:
+        steps = self.run_steps.astype(np.int64)
+        total = int(steps.sum())
+        run = np.repeat(np.arange(len(steps)), steps)
+        starts = np.cumsum(steps) - steps
+        j = np.arange(total) - starts[run]
+        values = self.run_first_step_s[run] + self.run_growth_s[run] * j
+        weights = self.run_decoding[run]
+        return (np.concatenate([values, self.extra_gaps_s]),
+                np.concatenate([weights, np.ones(len(self.extra_gaps_s), dtype=weights.dtype)]))
+
+    @cached_property
+    def _itl_sorted(self) -> tuple[np.ndarray, np.ndarray]:
+        return _cumulative(*self._itl_steps)
+
+    def itl_steps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every inter-token gap as ``(values, counts)``: each decode step's duration with the
+        sequences that decoded in it, and each longer gap once."""
+        return self._itl_steps
+
+    @property
+    def itl_s(self) -> np.ndarray:
+        """Every inter-token gap, one value a gap (as many values as tokens after the first:
+        large for a large run; :meth:`itl_steps` is the compact form)."""
+        values, counts = self._itl_steps
+        return np.repeat(values, counts)
+
+    def percentile(self, metric: str, q: float) -> float:
+        """The ``q``-th percentile (0–100, numpy's ``inverted_cdf``) of ``ttft``, ``itl``,
+        ``tpot`` or ``e2e``, in seconds; ``nan`` with no value."""
+        if metric not in METRICS:
+            raise InputError(f"unknown latency metric {metric!r}: use {', '.join(METRICS)}")
+        if not 0 <= q <= 100:
+            raise InputError(f"a percentile must be between 0 and 100, got {q!r}")
+        if metric == "itl":
+            return _inverted_cdf(*self._itl_sorted, q)
+        values = {"ttft": self.ttft_s, "tpot": self.tpot_s, "e2e": self.e2e_s}[metric]
+        if not len(values):
+            return math.nan
+        return float(np.percentile(values, q, method="inverted_cdf"))
+
+    def summary(self) -> dict[str, Any]:
+        """The figures a plan is judged on (latencies in seconds; ``None`` with no value)."""
+        done = ~np.isnan(self.finish_s)
+        completed = int(done.sum())
+        arrived = self.arrival_s[~np.isnan(self.arrival_s)]
+        duration = float(np.max(self.finish_s[done]) - np.min(arrived)) if completed else 0.0
+        out: dict[str, Any] = {}
+        for metric, qs in (("ttft", (50, 90, 99)), ("itl", (50, 99)), ("tpot", (50, 99)),
+                           ("e2e", (50, 99))):
+            for q in qs:
+                out[f"{metric}_p{q}_s"] = _number(self.percentile(metric, q))
+        rate = completed / duration if duration > 0 else None
+        out["request_throughput"] = rate
+        out["output_throughput"] = (float(self.output_tokens[done].sum()) / duration
+                                    if duration > 0 else None)
+        out["simulated_requests"] = len(self.finish_s)
+        out["completed"] = completed
+        out["preemptions"] = int(self.preemptions.sum())
+        out["peak_kv_usage"] = self.peak_kv_usage
+        out["max_waiting"] = self.max_waiting
+        out["mean_running"] = self.mean_running
+        out["duration_s"] = duration
+        out["sim_wall_s"] = self.sim_wall_s
+        return out
+
+
+def _number(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Service-level objectives: the ``percentile`` of each latency given (seconds) must be at
+    most its limit. ``None``: no objective on that latency."""
+
+    ttft_s: float | None = None
+    itl_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    percentile: float = 99
+
+    def __post_init__(self) -> None:
+        limits = self.limits()
+        if not limits:
+            raise InputError("an SLO needs at least one objective: TTFT, ITL, TPOT or"
+                             " end-to-end latency")
+        for metric, limit in limits.items():
+            if not (isinstance(limit, (int, float)) and math.isfinite(limit) and limit > 0):
+                raise InputError(f"the {_METRIC_WORDS[metric]} objective must be a positive"
+                                 f" number of seconds, got {limit!r}")
+        q = self.percentile
+        if not (isinstance(q, (int, float)) and 0 < q <= 100):
+            raise InputError(f"the SLO's percentile must be above 0 and at most 100, got {q!r}")
+
+    def limits(self) -> dict[str, float]:
+        """The objectives given, by metric."""
+        out = {}
+        for metric in METRICS:
+            limit = getattr(self, f"{metric}_s")
+            if limit is not None:
+                out[metric] = limit
+        return out
+
+    def observed(self, source: SimResult | Mapping[str, Any]) -> dict[str, float]:
+        """Each objective's latency at the SLO's percentile, from a result or its summary
+        (which holds p50 and p99, and p90 of the TTFT); ``nan`` where there is none."""
+        out = {}
+        for metric in self.limits():
+            if isinstance(source, SimResult):
+                out[metric] = source.percentile(metric, self.percentile)
+                continue
+            key = f"{metric}_p{self.percentile:g}_s"
+            if key not in source:
+                raise InputError(f"a summary has no {_METRIC_WORDS[metric]} at percentile"
+                                 f" {self.percentile:g}: judge the result itself")
+            value = source[key]
+            out[metric] = math.nan if value is None else float(value)
+        return out
+
+    def ratios(self, source: SimResult | Mapping[str, Any]) -> dict[str, float]:
+        """Each objective's latency over its limit (``inf`` with no latency to judge)."""
+        limits = self.limits()
+        return {m: (math.inf if math.isnan(v) else v / limits[m])
+                for m, v in self.observed(source).items()}
+
+    def met(self, source: SimResult | Mapping[str, Any]) -> bool:
+        return all(r <= 1 for r in self.ratios(source).values())
+
+    def binding(self, source: SimResult | Mapping[str, Any]) -> str:
+        """The objective furthest over its limit (or closest to it, when all are met)."""
+        ratios = self.ratios(source)
+        return max(ratios, key=lambda m: ratios[m])
+
+    def describe(self, metric: str) -> str:
+        return f"{_METRIC_WORDS[metric]} p{self.percentile:g}"
+
+
+def simulate(demand: Demand, model: StepModel, scheduler: SchedulerConfig, *,
+             mode: Literal["fast", "exact"] = "fast", max_sim_s: float | None = None
+             ) -> SimResult:
+    """Serve ``demand`` with ``scheduler.replicas`` servers whose steps take ``model``'s time.
+
+    ``max_sim_s`` stops the simulation at that simulated time (requests not finished by then
+    keep ``nan`` times); without it, every request is served. ``mode`` is ``fast`` (decode runs
+    in closed form) or ``exact`` (one step at a time); both give the same result."""
+    if mode not in ("fast", "exact"):
+        raise InputError(f"the simulation mode must be fast or exact, got {mode!r}")
+    if max_sim_s is not None and not (max_sim_s > 0):
+        raise InputError(f"the simulated time limit must be a positive number of seconds,"
+                         f" got {max_sim_s!r}")
+    if model.base_s + model.per_sequence_s <= 0:
+        raise InputError("the step model gives a step no fixed time (its base and its cost a"
+                         " sequence are both 0): a simulation would never advance")
+    _check_fits(demand, scheduler)
+    began = time.perf_counter()
+    run = _Run(demand, model, scheduler, mode == "fast",
+               math.inf if max_sim_s is None else float(max_sim_s))
+    run.run()
+    return run.result(time.perf_counter() - began, mode)
+
+
+def _check_fits(demand: Demand, scheduler: SchedulerConfig) -> None:
+    """Every request must fit the KV pool alone, else it would wait for ever."""
+    blocks = scheduler.kv_blocks
+    if blocks is None:
+        return
+    tokens = demand.prompt_tokens + demand.output_tokens - 1
+    worst = int(np.argmax(tokens))
+    need = -(-int(tokens[worst]) // scheduler.block_size)
+    if need > blocks:
+        raise InputError(
+            f"a request of {int(demand.prompt_tokens[worst])} prompt and"
+            f" {int(demand.output_tokens[worst])} output tokens needs {need} KV blocks, more"
+            f" than the pool's {blocks}: it could never be served")
+
+
+@dataclass
+class _Run:
+    """One simulation: the ledger, the replicas and the arrivals still to come."""
+
+    demand: Demand
+    model: StepModel
+    scheduler: SchedulerConfig
+    fast: bool
+    limit_s: float
+    ledger: Ledger = field(init=False)
+    stats: Stats = field(init=False)
+    engines: list[Engine] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ledger = Ledger(self.demand)
+        self.stats = Stats()
+        kind = BudgetEngine if self.scheduler.policy == "budget" else SlotsEngine
+        self.engines = [kind(i, self.ledger, self.model, self.scheduler, self.stats, self.fast)
+                        for i in range(self.scheduler.replicas)]
+
+    def run(self) -> None:
+        ledger, stats, engines = self.ledger, self.stats, self.engines
+        n = ledger.n
+        arrival = ledger.arrival
+        closed = self.demand.closed
+        think = self.demand.think_s
+        limit = self.limit_s
+        # Open loop: the arrival order. Closed loop: a heap of (send time, request).
+        order: list[int] = []
+        pending: list[tuple[float, int]] = []
+        sent = 0
+        if closed:
+            users = min(n, self.demand.users or 1)
+            starts_s = self.demand.start_s
+            for k in range(users):
+                arrival[k] = 0.0 if starts_s is None else float(starts_s[k])
+                pending.append((arrival[k], k))
+            heapq.heapify(pending)
+            sent = users
+        else:
+            order = np.argsort(np.asarray(arrival), kind="stable").tolist()
+        next_open = 0
+        finished = stats.finished
+        heap: list[tuple[float, int, int]] = []  # (step end, replica, version)
+        replicas = len(engines)
+        inf = math.inf
+        while True:
+            te = heap[0][0] if heap else inf
+            if closed:
+                ta = pending[0][0] if pending else inf
+            else:
+                ta = arrival[order[next_open]] if next_open < n else inf
+            now = te if te <= ta else ta
+            if now == inf or now > limit:
+                break
+            starts: list[int] = []
+            while heap and heap[0][0] == now:
+                _, i, version = heapq.heappop(heap)
+                engine = engines[i]
+                if version != engine.version or not engine.busy:
+                    continue
+                engine.complete()
+                starts.append(i)
+            if finished:
+                if closed:
+                    for _, t in finished:
+                        if sent < n:
+                            arrival[sent] = t + think
+                            heapq.heappush(pending, (t + think, sent))
+                            sent += 1
+                finished.clear()
+            # Arrivals up to now.
+            while True:
+                if closed:
+                    if not pending or pending[0][0] > now:
+                        break
+                    t, r = heapq.heappop(pending)
+                else:
+                    if next_open >= n or arrival[order[next_open]] > now:
+                        break
+                    r = order[next_open]
+                    t = arrival[r]
+                    next_open += 1
+                i = 0 if replicas == 1 else min(range(replicas),
+                                                key=lambda j: engines[j].unfinished)
+                ledger.replica[r] = i
+                engine = engines[i]
+                if engine.arrive(r, t):
+                    heapq.heappush(heap, (engine.end_s, i, engine.version))
+                elif not engine.busy and i not in starts:
+                    starts.append(i)
+            if len(starts) > 1:
+                starts.sort()
+            for i in starts:
+                engine = engines[i]
+                end = engine.start(now, limit)
+                if end is not None:
+                    heapq.heappush(heap, (end, i, engine.version))
+
+    def result(self, wall_s: float, mode: str) -> SimResult:
+        ledger, stats = self.ledger, self.stats
+        peaks = [e.peak_kv_usage for e in self.engines]
+        peak = None if peaks[0] is None else max(p for p in peaks if p is not None)
+        return SimResult(
+            arrival_s=np.array(ledger.arrival, dtype=float),
+            first_token_s=np.array(ledger.first, dtype=float),
+            finish_s=np.array(ledger.finish, dtype=float),
+            prompt_tokens=np.array(ledger.prompt, dtype=np.int64),
+            output_tokens=np.array(ledger.output, dtype=np.int64),
+            preemptions=np.array(ledger.preemptions, dtype=np.int64),
+            replica=np.array(ledger.replica, dtype=np.int64),
+            run_first_step_s=np.array(stats.run_first_s, dtype=float),
+            run_growth_s=np.array(stats.run_growth_s, dtype=float),
+            run_steps=np.array(stats.run_steps, dtype=np.int64),
+            run_decoding=np.array(stats.run_decoding, dtype=np.int64),
+            extra_gaps_s=np.array(ledger.gaps, dtype=float),
+            peak_kv_usage=peak,
+            max_waiting=stats.max_waiting,
+            mean_running=stats.sequence_s / stats.busy_s if stats.busy_s > 0 else 0.0,
+            busy_s=stats.busy_s,
+            mode=mode,
+            sim_wall_s=wall_s,
+            label=self.demand.label,
+        )
