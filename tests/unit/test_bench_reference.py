@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pdscope.load.results import load_requests
+from pdscope.load.results import load_requests, read_run
+from pdscope.plan.demand import replay
 from pdscope.selftest import FAULTS, ReferenceConfig, run_in_subprocess
 
 FAST = dict(ttft_base_s=0.02, ttft_per_token_s=0.0, itl_s=0.005)
@@ -61,6 +62,8 @@ def test_every_fault_is_counted_by_its_cause_and_nothing_hangs(tmp_path: Path) -
     ok = [x for x in lines if x["error_kind"] is None]
     assert len(ok) == s["completed"] and all(x["output_tokens"] == 20 for x in ok)
     assert Counter(x["error_kind"] for x in lines if x["error_kind"]) == Counter(causes)
+    # Read back as a run folder: the same counts, by outcome.
+    assert read_run(tmp_path).outcomes() == Counter({"ok": s["completed"], **causes})
     # No hang: the stalls end at the 1 s between-token timeout, the endless streams at overrun.
     assert took < 60
 
@@ -76,6 +79,14 @@ def test_open_loop_sends_on_schedule_and_reports_the_lag(reference: str, tmp_pat
     sends = sorted(x["scheduled_ns"] for x in lines)
     span = (sends[-1] - sends[0]) / 1e9
     assert 60 / 20 * 0.6 < span < 60 / 20 * 1.6  # about num_prompts / rate seconds
+    # The planner replays the run: the same requests, at the times they were sent.
+    demand = replay(tmp_path)
+    assert len(demand) == 60 and demand.arrival_s is not None
+    assert demand.arrival_s[0] == 0 and list(demand.arrival_s) == sorted(demand.arrival_s)
+    sent = sorted(x["t_send_ns"] for x in lines)
+    assert demand.arrival_s[-1] == pytest.approx((sent[-1] - sent[0]) / 1e9)
+    assert set(demand.prompt_tokens.tolist()) == {x["prompt_tokens"] for x in lines}
+    assert set(demand.output_tokens.tolist()) == {10}
     assert s["median_ttft_ms"] == pytest.approx(20.0, abs=3.0)
 
 

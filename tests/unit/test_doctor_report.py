@@ -54,7 +54,14 @@ def test_doctor_writes_evidence_findings_and_report(doctor_out: Path) -> None:
     assert evidence["sweep"]["b_s_per_token"] == pytest.approx(0.00005, rel=0.3)
     assert set(evidence["experiments"]) >= {"probe", "sweep", "prefix", "interference",
                                             "capacity"}
+    # The planner, calibrated during the run, says how many users the server holds at the SLO
+    # and draws its curve with the measured load levels on it.
+    assert by_id["capacity"]["status"] == "fired"
+    assert by_id["capacity"]["evidence"]["predicted_users"] >= 1
+    assert by_id["capacity"]["evidence"]["levels"] == [1, 8]
+    assert evidence["plan"]["curve"][0][0] == 1
     html = (doctor_out / "report.html").read_text()
+    assert "plan-capacity" in html
     assert html.count("<svg") >= 5
     assert "<script" not in html  # self-contained and static: nothing to fetch or run
 

@@ -14,6 +14,7 @@ from pdscope.doctor.evidence import (
     LoadEvidence,
     LoadLevel,
     PhaseEvidence,
+    PlanEvidence,
     PrefixEvidence,
     QueueEvidence,
     ServerEvidence,
@@ -21,6 +22,7 @@ from pdscope.doctor.evidence import (
 )
 from pdscope.doctor.rules import (
     RULES,
+    capacity,
     cold_start,
     decode_far_below_ceiling,
     decode_near_ceiling,
@@ -286,7 +288,7 @@ def test_diagnose_runs_every_rule_and_ranks_fired_findings_first() -> None:
 
 def test_with_no_evidence_every_rule_says_what_it_lacks() -> None:
     findings = diagnose(ev())
-    assert len(findings) == len(RULES) == 13  # the thirteen rules of pdscope.doctor.rules
+    assert len(findings) == len(RULES) == 14  # the fourteen rules of pdscope.doctor.rules
     assert all(f.status == "insufficient" for f in findings)
     assert all(f.reason.startswith("not enough evidence") for f in findings)
 
@@ -296,3 +298,34 @@ def test_advice_follows_the_server_family() -> None:
     f = queueing_capacity(ollama)
     assert any("OLLAMA_KV_CACHE_TYPE" in a for a in f.advice)
     assert not any("--gpu-memory-utilization" in a for a in f.advice)
+
+
+def plan(users: int | None, best: str | None = None, best_users: int | None = None
+         ) -> PlanEvidence:
+    return PlanEvidence(slo_ttft_s=2.0, slo_itl_s=0.2, input_tokens=1000, output_tokens=32,
+                        predicted_users=users, binding="itl", best_change=best,
+                        best_change_users=best_users, fit_error=0.06,
+                        floor=None if users else "with one user alone, the TTFT p99 is 3.1 s,"
+                        " over the 2 s objective: no load meets the SLO")
+
+
+def test_capacity_sets_the_prediction_beside_the_measured_levels_and_the_best_change() -> None:
+    levels = (LoadLevel(1, 20, 0, 1.0, 60, 0.2, 0.3, 0.016, 0.02, meets_slo=True),
+              LoadLevel(4, 20, 0, 2.0, 150, 0.5, 1.0, 0.03, 0.1, meets_slo=True),
+              LoadLevel(16, 40, 0, 3.0, 200, 2.0, 5.0, 0.05, 0.9, meets_slo=False))
+    f = capacity(ev(load=LoadEvidence(levels, 2.0, 0.2), plan=plan(6, "token budget 512", 12)))
+    assert f.fired and f.severity == "medium"  # twice the users with one flag: worth trying
+    assert "predicts 6 concurrent users" in f.reason and "measured 4 meeting it" in f.reason
+    assert "with token budget 512 it would hold 12" in f.reason
+    assert f.advice[0].startswith("Try token budget 512")
+    assert f.evidence["measured_users"] == 4 and f.evidence["levels"] == [1, 4, 16]
+    # A change that adds a user is said, but it is no reason to act.
+    small = capacity(ev(plan=plan(6, "max sequences 512", 7)))
+    assert small.fired and small.severity == "info"
+
+
+def test_capacity_when_one_user_misses_the_slo_says_the_floor() -> None:
+    f = capacity(ev(plan=plan(None)))
+    assert f.fired and f.severity == "high"
+    assert "TTFT p99 is 3.1 s" in f.reason
+    assert capacity(ev()).status == "insufficient"

@@ -169,6 +169,29 @@ class QueueEvidence:
 
 
 @dataclass(frozen=True)
+class PlanEvidence:
+    """What the planner, calibrated on this server during the run, predicts for the load
+    levels' workload (``input_tokens`` in, ``output_tokens`` out, closed loop) at the SLO:
+    ``predicted_users`` (``None``: not even one; ``floor`` says why), the objective that stops
+    more (``binding``), the best scheduler change and the users it would hold, the predicted
+    p99s by users (``curve``: users, TTFT p99 s, ITL p99 s) and the fit's quality."""
+
+    slo_ttft_s: float
+    slo_itl_s: float
+    input_tokens: int
+    output_tokens: int
+    predicted_users: int | None
+    binding: str | None = None
+    floor: str | None = None
+    best_change: str | None = None
+    best_change_users: int | None = None
+    curve: tuple[tuple[int, float | None, float | None], ...] = ()
+    fit_r_squared: float | None = None
+    fit_error: float | None = None  # the largest median error of a calibration part
+    assumptions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Evidence:
     server: ServerEvidence
     hardware: HardwareEvidence | None = None
@@ -179,6 +202,7 @@ class Evidence:
     interference: tuple[InterferenceEvidence, ...] = ()
     load: LoadEvidence | None = None
     queue: QueueEvidence | None = None
+    plan: PlanEvidence | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_json(self) -> dict[str, Any]:

@@ -518,6 +518,53 @@ def disaggregation(ev: Evidence) -> Finding:
     return _clear(rid, title, "prefill stalls are small: disaggregation has little to win", data)
 
 
+# ------------------------------------------------------------------------------ capacity
+
+# A scheduler change that holds this many times the users is worth trying first.
+WORTH_A_CHANGE = 1.5
+
+
+def capacity(ev: Evidence) -> Finding:
+    """How many users the server holds at the SLO, by the planner calibrated on it, beside what
+    the load levels measured, and the scheduler change that would hold more."""
+    rid, title = "capacity", "How many users this server holds at your SLO"
+    plan = ev.plan
+    if plan is None:
+        return _missing(rid, title, "a calibration of the planner on this server")
+    measured = ev.load.capacity if ev.load is not None else None
+    data = {"predicted_users": plan.predicted_users, "measured_users": measured,
+            "binding": plan.binding, "best_change": plan.best_change,
+            "best_change_users": plan.best_change_users, "slo_ttft_s": plan.slo_ttft_s,
+            "slo_itl_s": plan.slo_itl_s, "input_tokens": plan.input_tokens,
+            "output_tokens": plan.output_tokens, "fit_error": plan.fit_error,
+            "levels": [lv.concurrency for lv in ev.load.levels] if ev.load else []}
+    slo = (f"TTFT p99 ≤ {seconds(plan.slo_ttft_s)}, ITL p99 ≤ {seconds(plan.slo_itl_s)}, for"
+           f" {plan.input_tokens:,}-token prompts and {plan.output_tokens}-token answers")
+    fit = (f" (the step-time model fits this server's calibration within {_pct(plan.fit_error)})"
+           if plan.fit_error is not None else "")
+    how_to = ("`pdscope plan calibrate URL` then `pdscope plan whatif CAL --slo"
+              f" ttft:{plan.slo_ttft_s * 1000:g},itl:{plan.slo_itl_s * 1000:g} --input-len"
+              f" {plan.input_tokens} --output-len {plan.output_tokens}` sets every change side"
+              " by side, other GPUs and 4-bit weights included")
+    if plan.predicted_users is None:
+        return _fired(rid, "high", title, f"{plan.floor or 'one user alone misses the SLO'}"
+                      f" ({slo}){fit}", data, [how_to])
+    said = f"the planner predicts {plan.predicted_users} concurrent users at your SLO ({slo}){fit}"
+    if measured is not None:
+        said += f"; the load levels measured {measured} meeting it"
+    elif ev.load is not None:
+        said += "; none of the load levels measured met it"
+    advice = [how_to]
+    severity: Severity = "info"
+    if plan.best_change and plan.best_change_users:
+        said += f"; with {plan.best_change} it would hold {plan.best_change_users}"
+        if plan.best_change_users >= WORTH_A_CHANGE * plan.predicted_users:
+            severity = "medium"
+            advice.insert(0, f"Try {plan.best_change}: predicted {plan.best_change_users} users"
+                          f" at the SLO instead of {plan.predicted_users}.")
+    return Finding(rid, "fired", severity, title, said, data, tuple(advice))
+
+
 RULES: tuple[Callable[[Evidence], Finding], ...] = (
     decode_near_ceiling,
     decode_far_below_ceiling,
@@ -532,6 +579,7 @@ RULES: tuple[Callable[[Evidence], Finding], ...] = (
     cold_start,
     gpu_upgrade,
     disaggregation,
+    capacity,
 )
 
 

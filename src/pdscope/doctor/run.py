@@ -1,11 +1,12 @@
 """The doctor's run: the article's experiments on one server, reduced to evidence.
 
 In order: the probe (both phases, the cold run kept apart), the prompt-length sweep, the
-prefix-cache A/B, the prefill-interference experiment, the context sweep (not in ``quick``), and
-a short concurrency sweep with the server's ``/metrics`` recorded beside it (capacity and
-queueing). Each experiment the server cannot take (llama-cpp-python serves one request at a
-time: no interference, no concurrency) is skipped with the reason, and the rules that needed it
-say so. Nothing here judges: :func:`pdscope.doctor.rules.diagnose` does.
+prefix-cache A/B, the prefill-interference experiment, the context sweep (not in ``quick``), a
+short concurrency sweep with the server's ``/metrics`` recorded beside it (capacity and
+queueing), and the planner calibrated on the server (:mod:`pdscope.doctor.forecast`). Each
+experiment the server cannot take (llama-cpp-python serves one request at a time: no
+interference, no concurrency) is skipped with the reason, and the rules that needed it say so.
+Nothing here judges: :func:`pdscope.doctor.rules.diagnose` does.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ from pdscope.doctor.evidence import (
     LoadEvidence,
     LoadLevel,
     PhaseEvidence,
+    PlanEvidence,
     PrefixEvidence,
     QueueEvidence,
     ServerEvidence,
     SweepEvidence,
 )
+from pdscope.doctor.forecast import forecast, forecast_chart
 from pdscope.doctor.rules import Finding, diagnose
-from pdscope.errors import InputError
+from pdscope.errors import InputError, RunError
 from pdscope.experiments.common import CeilingInputs, connect, find_ceiling_inputs
 from pdscope.experiments.context import ContextConfig, ContextResult, run_context
 from pdscope.experiments.interference import (
@@ -56,6 +59,7 @@ from pdscope.metrics import (
     make_window,
     peak_waiting_window,
 )
+from pdscope.plan import CalibrationConfig, run_calibration
 from pdscope.servers import ServerSettings
 from pdscope.stats import percentile
 from pdscope.workload.datasets import Lengths
@@ -310,6 +314,12 @@ def previous_interference(folder: Path) -> list[InterferenceEvidence]:
 # ---------------------------------------------------------------------------- the run
 
 
+# The load levels' workload: long prompts (prefill shares the steps with decode) and short
+# answers, so that a level takes seconds.
+LOAD_INPUT_TOKENS = 1000
+LOAD_OUTPUT_TOKENS = 32
+
+
 async def run_doctor(url: str, config: DoctorConfig,
                      progress: StatusFn | None = None) -> DoctorRun:
     """Run what the server allows and diagnose it. Writes nothing; see
@@ -383,12 +393,27 @@ async def run_doctor(url: str, config: DoctorConfig,
             folder = config.out / "capacity"
             bench = await run_bench(
                 url, BenchConfig(model=model_name, api=config.api, api_key=config.api_key),
-                stages, Workload(input_len=Lengths("fixed", 1000),
-                                 output_len=Lengths("fixed", 32)), folder, server=server)
+                stages, Workload(input_len=Lengths("fixed", LOAD_INPUT_TOKENS),
+                                 output_len=Lengths("fixed", LOAD_OUTPUT_TOKENS)), folder,
+                server=server)
             results["capacity"] = bench.summaries
             load = load_evidence(bench, config.slo_ttft_ms / 1000, config.slo_itl_ms / 1000)
             queue = queue_evidence(folder / "metrics.jsonl")
             charts.append(load_chart(load))
+
+        plan: PlanEvidence | None = None
+        say("plan: calibrating the planner on this server")
+        try:
+            calibration = await run_calibration(conn, CalibrationConfig(
+                runs=1, api=config.api, model=model_name, api_key=config.api_key))
+        except (RunError, InputError) as exc:
+            skipped["plan"] = f"the planner's calibration failed: {exc}"
+        else:
+            results["plan"] = calibration.to_json()
+            plan = forecast(calibration, config.slo_ttft_ms / 1000, config.slo_itl_ms / 1000,
+                            LOAD_INPUT_TOKENS, LOAD_OUTPUT_TOKENS,
+                            [lv.concurrency for lv in load.levels] if load else ())
+            charts.append(forecast_chart(plan, load))
 
         say("ceilings: this model on this device")
         ceiling = await find_ceiling_inputs(conn, model_name, device=config.device,
@@ -410,6 +435,7 @@ async def run_doctor(url: str, config: DoctorConfig,
         interference=tuple(interference),
         load=load,
         queue=queue,
+        plan=plan,
         notes=tuple(ceiling.notes) + tuple(f"{k} skipped: {v}" for k, v in skipped.items()),
     )
     return DoctorRun(evidence, diagnose(evidence), charts, results, skipped, probe)

@@ -173,7 +173,7 @@ class BenchRun:
     def outcomes(self, stage: str | None = None) -> Counter[str]:
         """Requests by outcome: ``ok``, or the failure's cause (``connect``, ``cancelled``...)."""
         return Counter(
-            "ok" if r.get("ok") else str(r.get("error_kind") or "unknown")
+            "ok" if r.get("error") is None else str(r.get("error_kind") or "unknown")
             for r in self.requests
             if stage is None or r.get("stage") == stage
         )

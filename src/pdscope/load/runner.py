@@ -21,7 +21,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import aiohttp
@@ -175,6 +175,10 @@ async def run_stage(
         finally:
             if limit is not None:
                 limit.release()
+        if record.prompt_tokens is None and item.prompt_tokens is not None:
+            # The server did not say (llama-cpp-python sends no usage in streams); the prompt
+            # was built to this many tokens with the server's own tokenizer.
+            record = replace(record, prompt_tokens=item.prompt_tokens)
         done = Finished(index, index < stage.warmup, queue_s, record)
         run.finished.append(done)
         run.t_end_ns = max(run.t_end_ns, time.perf_counter_ns())

@@ -24,12 +24,14 @@ from pdscope.plan.calibrate import (
 from pdscope.plan.capacity import CapacityPoint, SloUnreachable, max_rate, max_users
 from pdscope.plan.demand import (
     Demand,
+    DrawnLengths,
     FixedLengths,
     LogNormalLengths,
     SampledLengths,
     SharedPrefix,
     closed_loop,
     open_loop,
+    replay,
 )
 from pdscope.plan.scheduler import SchedulerConfig
 from pdscope.plan.simulate import SimResult, Slo, simulate
@@ -40,6 +42,7 @@ __all__ = [
     "CalibrationConfig",
     "CapacityPoint",
     "Demand",
+    "DrawnLengths",
     "FixedLengths",
     "LogNormalLengths",
     "SampledLengths",
@@ -56,6 +59,7 @@ __all__ = [
     "max_rate",
     "max_users",
     "open_loop",
+    "replay",
     "roofline_prior",
     "run_calibration",
     "simulate",

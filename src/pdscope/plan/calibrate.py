@@ -72,7 +72,7 @@ class CalibrationConfig(ClientOptions):
     prefill_tokens: tuple[int, ...] = (128, 512, 1024, 2048)
     decode_contexts: tuple[int, ...] = (64, 1536)
     decode_tokens: int = 96
-    batch_streams: tuple[int, ...] = (2, 4)
+    batch_streams: tuple[int, ...] = (2, 4, 8, 16)
     batch_prompt_tokens: int = 256
     runs: int = 2
 
