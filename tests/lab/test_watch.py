@@ -212,8 +212,10 @@ def test_watch_beside_bench_queues_and_agrees_with_the_clients_ttft(
                                 stderr=subprocess.PIPE, text=True)
 
     # One window long enough for the whole run on a machine a few times slower than this one.
-    whole = watch("--count", "1", "--interval", "45")
-    live = watch("--count", "6", "--interval", "1")
+    whole = watch("--count", "1", "--interval", "60")
+    # Windows a second from before the bench starts until after its load: a machine without
+    # a native bfloat16 dot product takes several seconds to build the prompts.
+    live = watch("--count", "20", "--interval", "1")
     time.sleep(0.5)  # both have taken their first scrape
     r = subprocess.run(
         [sys.executable, "-m", "pdscope", "bench", vllm_server.url, "--concurrency", "8",
@@ -224,7 +226,7 @@ def test_watch_beside_bench_queues_and_agrees_with_the_clients_ttft(
     assert r.returncode == 0, r.stderr
     bench = json.loads(r.stdout)
     live_out, _ = live.communicate(timeout=60)
-    whole_out, whole_err = whole.communicate(timeout=60)
+    whole_out, whole_err = whole.communicate(timeout=90)
     assert whole.returncode == 0, whole_err
     live_windows = [json.loads(line) for line in live_out.splitlines()]
     assert max(w["num_requests_waiting"] for w in live_windows) > 0

@@ -315,8 +315,9 @@ def test_capacity_sets_the_prediction_beside_the_measured_levels_and_the_best_ch
               LoadLevel(16, 40, 0, 3.0, 200, 2.0, 5.0, 0.05, 0.9, meets_slo=False))
     f = capacity(ev(load=LoadEvidence(levels, 2.0, 0.2), plan=plan(6, "token budget 512", 12)))
     assert f.fired and f.severity == "medium"  # twice the users with one flag: worth trying
-    assert "predicts 6 concurrent users" in f.reason and "measured 4 meeting it" in f.reason
-    assert "with token budget 512 it would hold 12" in f.reason
+    assert "predicts 6 concurrent users" in f.reason
+    assert "measured 4 concurrent users meeting it" in f.reason
+    assert "with token budget 512 it would hold 12 concurrent users" in f.reason
     assert f.advice[0].startswith("Try token budget 512")
     assert f.evidence["measured_users"] == 4 and f.evidence["levels"] == [1, 4, 16]
     # A change that adds a user is said, but it is no reason to act.

@@ -96,10 +96,10 @@ def test_a_quadratic_through_three_lengths_is_judged_by_nothing_but_the_noise() 
 
 
 def test_the_lab_sweeps_readings_on_the_captured_sweep() -> None:
-    # The doctor's sweep on the lab's vLLM (docs/example/evidence.json: 4 lengths, 2 runs
-    # each), read as tests/lab/test_exp_sweep.py reads its own.
-    evidence = Path(__file__).parents[2] / "docs" / "example" / "evidence.json"
-    out = json.loads(evidence.read_text())["experiments"]["sweep"]
+    # The doctor's sweep on the lab's vLLM (captured from an earlier docs/example/evidence.json:
+    # 4 lengths, 2 runs each), read as tests/lab/test_exp_sweep.py reads its own.
+    captured = Path(__file__).parents[1] / "data" / "captured" / "lab-doctor-sweep.json"
+    out = json.loads(captured.read_text())["sweep"]
     points = {p["prompt_tokens"]: p for p in out["points"]}
     ttft = {n: Runs.from_spread(p["spread"]["ttft_s"]) for n, p in points.items()}
     decode = {n: Runs.from_spread(p["spread"]["decode_tok_s"]) for n, p in points.items()}

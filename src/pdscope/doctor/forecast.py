@@ -83,9 +83,8 @@ def forecast_chart(plan: PlanEvidence, load: LoadEvidence | None) -> Chart:
                           kind="points"),
                    Series("measured ITL p99", lx, tuple(_ms(lv.itl_p99_s) for lv in measured),
                           kind="points")]
-    return Chart("plan-capacity", "Predicted p99 latency against concurrent users (the planner),"
-                 " with the load levels measured", "concurrent users", "p99 (ms)",
-                 tuple(series))
+    return Chart("plan-capacity", "The planner's p99s by users; points: measured",
+                 "concurrent users", "p99 (ms)", tuple(series))
 
 
 def _ms(x: float | None) -> float | None:

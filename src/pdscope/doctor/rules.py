@@ -549,20 +549,25 @@ def capacity(ev: Evidence) -> Finding:
     if plan.predicted_users is None:
         return _fired(rid, "high", title, f"{plan.floor or 'one user alone misses the SLO'}"
                       f" ({slo}){fit}", data, [how_to])
-    said = f"the planner predicts {plan.predicted_users} concurrent users at your SLO ({slo}){fit}"
+    said = (f"the planner predicts {_users(plan.predicted_users)} at your SLO"
+            f" ({slo}){fit}")
     if measured is not None:
-        said += f"; the load levels measured {measured} meeting it"
+        said += f"; the load levels measured {_users(measured)} meeting it"
     elif ev.load is not None:
         said += "; none of the load levels measured met it"
     advice = [how_to]
     severity: Severity = "info"
     if plan.best_change and plan.best_change_users:
-        said += f"; with {plan.best_change} it would hold {plan.best_change_users}"
+        said += f"; with {plan.best_change} it would hold {_users(plan.best_change_users)}"
         if plan.best_change_users >= WORTH_A_CHANGE * plan.predicted_users:
             severity = "medium"
             advice.insert(0, f"Try {plan.best_change}: predicted {plan.best_change_users} users"
                           f" at the SLO instead of {plan.predicted_users}.")
     return Finding(rid, "fired", severity, title, said, data, tuple(advice))
+
+
+def _users(n: int) -> str:
+    return f"{n} concurrent user{'' if n == 1 else 's'}"
 
 
 RULES: tuple[Callable[[Evidence], Finding], ...] = (
