@@ -26,11 +26,12 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pdscope import lab
+from pdscope.cli.plan import parse_settings
 from pdscope.plan import DrawnLengths, SharedPrefix, load_calibration
 from pdscope.plan.capacity import saturation_rate
 from pdscope.workload.datasets import parse_lengths
@@ -87,10 +88,7 @@ def pdscope(*args: str, timeout: float = 900) -> dict[str, Any]:
 def rate_for(cal_dir: Path, config: Config) -> float:
     """The config's share of the saturation rate the calibrated planner predicts."""
     cal = load_calibration(cal_dir)
-    scheduler = cal.scheduler
-    for item in config.sets:
-        key, _, value = item.partition("=")
-        scheduler = type(scheduler)(**{**scheduler.to_json(), key: int(value)})
+    scheduler = replace(cal.scheduler, **parse_settings(config.sets))
     lengths = DrawnLengths(parse_lengths(config.input_len), parse_lengths(config.output_len))
     prefix = (SharedPrefix(1.0, config.prefix_groups, config.prefix_tokens)
               if config.prefix_groups else None)

@@ -51,9 +51,9 @@ from pdscope.plan.demand import (
 from pdscope.plan.scheduler import SchedulerConfig
 from pdscope.plan.simulate import Slo, simulate
 from pdscope.plan.stepmodel import TERMS, StepModel
-from pdscope.plan.whatif import DEVICES, standard_changes, what_if
+from pdscope.plan.whatif import DEVICES, on_device, standard_changes, what_if
 from pdscope.report.fmt import seconds
-from pdscope.workload.datasets import load_jsonl, load_sharegpt, parse_lengths
+from pdscope.workload.datasets import load_dataset, parse_lengths
 
 EXAMPLES = """
   pdscope plan calibrate http://127.0.0.1:28100 --out cal       fit the lab's vLLM (2-3 min)
@@ -261,16 +261,10 @@ def server_under_test(args: argparse.Namespace, cal: Calibration) -> tuple[StepM
 
 
 def scaled_to(cal: Calibration, device: str) -> StepModel:
-    spec = find_device(device)
-    bandwidth = cal.server.get("device_bandwidth_gb_s")
-    if not bandwidth:
-        raise InputError(f"--device {device}: the calibration does not say the bandwidth of"
-                         " the device it was made on, so nothing can be scaled from it")
-    tflops = cal.server.get("device_bf16_tflops")
-    flops_ratio = spec.bf16_tflops / tflops if spec.bf16_tflops and tflops else 1.0
-    return cal.step_model.scaled(bandwidth_ratio=spec.mem_bandwidth_gb_s / bandwidth,
-                                 flops_ratio=flops_ratio,
-                                 label=f"{spec.name} by the roofline's ratios")
+    try:
+        return on_device(cal.step_model, cal.server, device)
+    except InputError as exc:
+        raise InputError(f"--device {device}: {exc}") from None
 
 
 def lengths_from(args: argparse.Namespace) -> LengthMix:
@@ -285,16 +279,10 @@ def lengths_from(args: argparse.Namespace) -> LengthMix:
         path = Path(args.dataset)
         if not path.is_file():
             raise InputError(f"--dataset {args.dataset}: no such file")
-        items = load_sharegpt(path) if _looks_sharegpt(path) else load_jsonl(path)
-        return SampledLengths.from_items(items, f"the dataset {path}")
+        return SampledLengths.from_items(load_dataset(path), f"the dataset {path}")
     if args.from_run:
         return SampledLengths.from_run(args.from_run)
     return DrawnLengths(parse_lengths(args.input_len), parse_lengths(args.output_len))
-
-
-def _looks_sharegpt(path: Path) -> bool:
-    head = path.read_text(encoding="utf-8", errors="replace")[:4096].lstrip()
-    return head.startswith("[") or '"conversations"' in head
 
 
 def shared_prefix_from(args: argparse.Namespace) -> SharedPrefix | None:

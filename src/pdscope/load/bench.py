@@ -43,8 +43,7 @@ from pdscope.metrics import (
 from pdscope.workload.datasets import (
     Lengths,
     WorkItem,
-    load_jsonl,
-    load_sharegpt,
+    load_dataset,
     sample,
     shared_prefix,
     synthetic,
@@ -141,12 +140,7 @@ async def build_items(
     """``count`` requests of the workload, prompts fitted to the server's tokenizer when it has
     one."""
     if workload.dataset:
-        path = workload.dataset
-        fmt = workload.dataset_format
-        if fmt == "auto":
-            fmt = "jsonl" if path.endswith((".jsonl", ".ndjson")) else "sharegpt"
-        items = load_jsonl(path) if fmt == "jsonl" else load_sharegpt(path)
-        return sample(items, count, seed)
+        return sample(load_dataset(workload.dataset, workload.dataset_format), count, seed)
     count_fn = token_counter(info, session, target) if target.api == "openai" else None
     builder = PromptBuilder(count_fn, base_seed=seed)
     if workload.prefix_groups:

@@ -44,6 +44,7 @@ from pdscope.plan.stepmodel import (
     StepModel,
     StepObservation,
     attention_pairs,
+    chunks,
     fit_step_model,
     roofline_prior,
 )
@@ -208,17 +209,6 @@ def load_calibration(path: str | Path) -> Calibration:
 
 
 # ----------------------------------------------------------------------------- observations
-
-
-def chunks(prompt_tokens: int, budget: int) -> list[tuple[int, int]]:
-    """The prompt's chunks as ``(tokens, tokens already in the cache)``, ``budget`` a step."""
-    out = []
-    done = 0
-    while done < prompt_tokens:
-        p = min(budget, prompt_tokens - done)
-        out.append((p, done))
-        done += p
-    return out
 
 
 def prefill_observation(prompt_tokens: int, budget: int, ttft_s: float) -> StepObservation:

@@ -64,9 +64,7 @@ def estimate_rate(model: StepModel, scheduler: SchedulerConfig, lengths: LengthM
                   seed: int = 0) -> float:
     """A first guess at the rate that saturates the setup: the full batch decoding at the mean
     context, plus each request's prompt computed once, spread over the replicas."""
-    prompt, output = lengths.draw(1000, seed)
-    p = float(np.mean(prompt))
-    o = float(np.mean(output))
+    p, o = _mean_lengths(lengths, seed)
     n = scheduler.sequences
     step = model.step_time(0, n, n * (p + o / 2), 0)
     prefill = model.per_prompt_token_s * p + model.per_attention_pair_s * attention_pairs(p, 0)
@@ -78,11 +76,16 @@ def request_alone_s(model: StepModel, scheduler: SchedulerConfig, lengths: Lengt
                     seed: int = 0) -> float:
     """Seconds a request of mean lengths takes on an idle server: its prompt's steps, then a
     step a token at its mean context."""
-    prompt, output = lengths.draw(1000, seed)
-    p = max(1, round(float(np.mean(prompt))))
-    o = float(np.mean(output))
+    mean_prompt, o = _mean_lengths(lengths, seed)
+    p = max(1, round(mean_prompt))
     decode = model.step_time(0, 1, p + o / 2, 0)
     return model.ttft_s(p, scheduler.step_tokens) + (o - 1) * decode
+
+
+def _mean_lengths(lengths: LengthMix, seed: int) -> tuple[float, float]:
+    """The mean prompt and output lengths of a thousand draws."""
+    prompt, output = lengths.draw(1000, seed)
+    return float(np.mean(prompt)), float(np.mean(output))
 
 
 def saturated(result: SimResult) -> bool:
@@ -107,15 +110,8 @@ def max_rate(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix, s
     """The highest open-loop rate (requests a second) whose latencies meet ``slo``, to 1 %."""
     if num_requests < 1:
         raise InputError(f"the capacity search needs at least 1 request, got {num_requests}")
-    runs: dict[float, SimResult] = {}
-
-    def run(rate: float) -> SimResult:
-        if rate not in runs:
-            demand = open_loop(num_requests, rate, lengths, burstiness=burstiness, seed=seed,
-                               shared_prefix=shared_prefix)
-            runs[rate] = simulate(demand, model, scheduler)
-        return runs[rate]
-
+    runs, run = _open_loop_runs(model, scheduler, lengths, num_requests, seed, shared_prefix,
+                                burstiness)
     guess = estimate_rate(model, scheduler, lengths, seed)
     floor = guess * FLOOR_SHARE
     lightest = run(floor)
@@ -244,14 +240,24 @@ def saturation_rate(model: StepModel, scheduler: SchedulerConfig, lengths: Lengt
                     shared_prefix: SharedPrefix | None = None) -> float | None:
     """The open-loop rate, to 1 %, where the setup stops keeping up (``None``: not within
     reach), whatever the latencies."""
+    runs, run = _open_loop_runs(model, scheduler, lengths, num_requests, seed, shared_prefix)
+    run(estimate_rate(model, scheduler, lengths, seed))
+    return _saturation(runs, run)
+
+
+def _open_loop_runs(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix,
+                    num_requests: int, seed: int, shared_prefix: SharedPrefix | None,
+                    burstiness: float = 1.0
+                    ) -> tuple[dict[float, SimResult], Callable[[float], SimResult]]:
+    """The simulations of a search by rate, each made once: the results so far, by rate, and
+    the function that gives (and keeps) the one at a rate."""
     runs: dict[float, SimResult] = {}
 
     def run(rate: float) -> SimResult:
         if rate not in runs:
-            demand = open_loop(num_requests, rate, lengths, seed=seed,
+            demand = open_loop(num_requests, rate, lengths, burstiness=burstiness, seed=seed,
                                shared_prefix=shared_prefix)
             runs[rate] = simulate(demand, model, scheduler)
         return runs[rate]
 
-    run(estimate_rate(model, scheduler, lengths, seed))
-    return _saturation(runs, run)
+    return runs, run

@@ -53,6 +53,17 @@ def attention_pairs(prompt_tokens: float, cached_tokens: float) -> float:
     return p * c + p * (p + 1) / 2
 
 
+def chunks(prompt_tokens: int, budget: int) -> list[tuple[int, int]]:
+    """The prompt's chunks as ``(tokens, tokens already in the cache)``, ``budget`` a step."""
+    out = []
+    done = 0
+    while done < prompt_tokens:
+        p = min(budget, prompt_tokens - done)
+        out.append((p, done))
+        done += p
+    return out
+
+
 @dataclass(frozen=True)
 class StepObservation:
     """Measured time of ``steps`` engine steps and the sums of their features: prompt tokens
@@ -135,13 +146,8 @@ class StepModel:
 
     def ttft_s(self, prompt_tokens: int, budget: int) -> float:
         """Time to first token of a prompt alone, cut into ``budget``-token chunks."""
-        total = 0.0
-        done = 0
-        while done < prompt_tokens:
-            p = min(budget, prompt_tokens - done)
-            total += self.step_time(p, 1, 0, attention_pairs(p, done))
-            done += p
-        return total
+        return sum(self.step_time(p, 1, 0, attention_pairs(p, done))
+                   for p, done in chunks(prompt_tokens, budget))
 
     def scaled(self, bandwidth_ratio: float = 1.0, flops_ratio: float = 1.0,
                weights_bytes_ratio: float = 1.0, label: str | None = None) -> StepModel:

@@ -102,20 +102,14 @@ def hardware_changes(model: StepModel, hardware: Mapping[str, Any],
     each that could not be made."""
     notes: list[str] = []
     out: list[Change] = []
-    bandwidth = hardware.get("device_bandwidth_gb_s")
-    tflops = hardware.get("device_bf16_tflops")
     unset = SchedulerConfig()
-    if not bandwidth:
+    if not hardware.get("device_bandwidth_gb_s"):
         notes.append("no other device: the calibrated device's bandwidth is not known")
     else:
         for name in devices:
-            spec = find_device(name)
-            flops_ratio = (spec.bf16_tflops / tflops) if spec.bf16_tflops and tflops else 1.0
-            ratio = spec.mem_bandwidth_gb_s / bandwidth
-            label = f"on {spec.name}"
-            moved = model.scaled(bandwidth_ratio=ratio, flops_ratio=flops_ratio,
-                                 label=_device_words(spec, ratio, flops_ratio))
-            out.append(Change(label, moved, unset, moved.extrapolation))
+            moved = on_device(model, hardware, name)
+            out.append(Change(f"on {find_device(name).name}", moved, unset,
+                              moved.extrapolation))
     width = hardware.get("bytes_per_weight")
     if not width:
         notes.append("no other precision: the weights' width is not known")
@@ -128,6 +122,22 @@ def hardware_changes(model: StepModel, hardware: Mapping[str, Any],
                                  label=f"{bits}-bit weights ({ratio:.2g}x the bytes a step)")
             out.append(Change(f"{bits}-bit weights", moved, unset, moved.extrapolation))
     return out, notes
+
+
+def on_device(model: StepModel, hardware: Mapping[str, Any], device: str) -> StepModel:
+    """The model moved from the calibrated device (``hardware``: its
+    ``device_bandwidth_gb_s`` and ``device_bf16_tflops``) to ``device`` by the roofline's
+    bandwidth and compute ratios (compute 1 where either figure is unknown)."""
+    spec = find_device(device)
+    bandwidth = hardware.get("device_bandwidth_gb_s")
+    if not bandwidth:
+        raise InputError("the calibration does not say the bandwidth of the device it was made"
+                         " on, so nothing can be scaled from it")
+    tflops = hardware.get("device_bf16_tflops")
+    flops_ratio = spec.bf16_tflops / tflops if spec.bf16_tflops and tflops else 1.0
+    ratio = spec.mem_bandwidth_gb_s / bandwidth
+    return model.scaled(bandwidth_ratio=ratio, flops_ratio=flops_ratio,
+                        label=_device_words(spec, ratio, flops_ratio))
 
 
 def _device_words(spec: DeviceSpec, bandwidth_ratio: float, flops_ratio: float) -> str:

@@ -172,6 +172,14 @@ def load_jsonl(path: str | Path, default_max_tokens: int = 128) -> list[WorkItem
     return items
 
 
+def load_dataset(path: str | Path, fmt: str = "auto") -> list[WorkItem]:
+    """A dataset file's requests: ``jsonl``, ``sharegpt``, or ``auto`` (JSONL for a
+    ``.jsonl``/``.ndjson`` file, ShareGPT otherwise)."""
+    if fmt == "auto":
+        fmt = "jsonl" if str(path).endswith((".jsonl", ".ndjson")) else "sharegpt"
+    return load_jsonl(path) if fmt == "jsonl" else load_sharegpt(path)
+
+
 def load_sharegpt(path: str | Path, default_max_tokens: int = 128) -> list[WorkItem]:
     """A ShareGPT-format JSON file: a list of ``{"conversations": [{"from": "human", "value":
     ...}, {"from": "gpt", "value": ...}, ...]}``. Each conversation's first human turn is the
