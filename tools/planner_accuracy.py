@@ -12,6 +12,12 @@ Usage (from the repository root, with the lab's venv)::
     .venv/bin/python tools/planner_accuracy.py                  # vLLM, 8 configurations
     .venv/bin/python tools/planner_accuracy.py --engine llamacpp
     .venv/bin/python tools/planner_accuracy.py --quick          # 2 configurations
+    .venv/bin/python tools/planner_accuracy.py --capacity ttft:1000,itl:500
+
+``--capacity SLO`` asks another question: the highest Poisson rate (256/64 tokens) that meets
+the SLO at p99, predicted by ``pdscope plan capacity`` and found on the server by bisection
+(``pdscope bench`` at each rate tried; the bracket is found by steps of 25 % from the
+prediction, then halved until it is narrower than ``--tolerance``).
 
 Everything (the calibration, each run folder, each prediction, ``results.json``) stays in the
 work folder (``runs/planner-accuracy-ENGINE-DATE``). Every server is the lab's, on 127.0.0.1,
@@ -31,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pdscope import lab
-from pdscope.cli.plan import parse_settings
+from pdscope.cli.plan import measured_figures, parse_settings
 from pdscope.plan import DrawnLengths, SharedPrefix, load_calibration
 from pdscope.plan.capacity import saturation_rate
 from pdscope.workload.datasets import parse_lengths
@@ -136,6 +142,57 @@ def predict_config(cal_dir: Path, folder: Path, config: Config, rate: float, n: 
     return row
 
 
+def capacity(url: str, cal_dir: Path, work: Path, slo: str, input_len: str, output_len: str,
+             duration_s: float, min_requests: int, tolerance: float) -> dict[str, Any]:
+    """The predicted capacity at the SLO, and the measured one by bisection on the server."""
+    limits = {k: float(v) / 1000 for k, v in (item.split(":") for item in slo.split(","))}
+    predicted = pdscope("plan", "capacity", str(cal_dir), "--slo", slo, "--input-len",
+                        input_len, "--output-len", output_len)
+    guess = float(predicted["max_rate_rps"])
+    print(f"  predicted: {guess:.3f} req/s ({predicted['binding']} binds),"
+          f" {predicted['max_users']} users", flush=True)
+    tried: list[dict[str, Any]] = []
+
+    def met(rate: float) -> bool:
+        i = len(tried)
+        n = max(min_requests, min(400, round(rate * duration_s)))
+        folder = work / f"capacity-{i}"
+        pdscope("bench", url, "--request-rate", f"{rate:.4f}", "--num-prompts", str(n),
+                "--input-len", input_len, "--output-len", output_len, "--seed", str(31 + i),
+                "--out", str(folder), "--no-metrics")
+        got = measured_figures(str(folder))
+        figures = {k: got.get(f"{k}_p99_s") for k in limits}
+        ok = all(v is not None and v <= limits[k] for k, v in figures.items())
+        tried.append({"rate_rps": rate, "requests": n, "met": ok,
+                      **{f"{k}_p99_s": v for k, v in figures.items()}})
+        print(f"  {rate:.3f} req/s, {n} requests: "
+              + ", ".join(f"{k} p99 {v * 1000:.0f} ms" for k, v in figures.items() if v)
+              + (" — meets" if ok else " — misses"), flush=True)
+        return ok
+
+    step = 1.25
+    if met(guess):
+        lo, hi = guess, guess * step
+        while met(hi):
+            lo, hi = hi, hi * step
+    else:
+        lo, hi = guess / step, guess
+        while not met(lo):
+            lo, hi = lo / step, lo
+    while hi / lo - 1 > tolerance:
+        mid = (lo * hi) ** 0.5
+        if met(mid):
+            lo = mid
+        else:
+            hi = mid
+    measured = (lo * hi) ** 0.5
+    print(f"  measured: {measured:.3f} req/s (between {lo:.3f} and {hi:.3f});"
+          f" predicted {guess:.3f}: error {guess / measured - 1:+.0%}", flush=True)
+    return {"slo": slo, "input_len": input_len, "output_len": output_len,
+            "predicted": predicted, "predicted_rps": guess, "measured_rps": measured,
+            "bracket_rps": [lo, hi], "error": guess / measured - 1, "tried": tried}
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     def median_error(keys: tuple[str, ...]) -> float | None:
         errors = [abs(r[k]["error"]) for r in rows for k in keys if r[k]["error"] is not None]
@@ -179,7 +236,14 @@ def main() -> int:
     ap.add_argument("--predict-only", metavar="CAL", type=Path,
                     help="run nothing: predict the work folder's runs again with this"
                     " calibration (calibrated once, on another start of the same lab)")
+    ap.add_argument("--capacity", metavar="SLO",
+                    help="measure the capacity at this SLO (ttft:MS,itl:MS) by bisection"
+                    " instead of the held-out loads")
+    ap.add_argument("--tolerance", type=float, default=0.1,
+                    help="--capacity: stop when the bracket is this narrow (default 0.1)")
     args = ap.parse_args()
+    if args.capacity:
+        return main_capacity(args)
     configs = QUICK if args.quick else (VLLM if args.engine == "vllm" else LLAMACPP)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     work = args.work or Path("runs") / f"planner-accuracy-{args.engine}-{stamp}"
@@ -220,6 +284,25 @@ def main() -> int:
         indent=2))
     print()
     print(markdown(args.engine, cal, rows, summary))
+    print(f"\nwork folder: {work}")
+    return 0
+
+
+def main_capacity(args: argparse.Namespace) -> int:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    work = args.work or Path("runs") / f"planner-capacity-{args.engine}-{stamp}"
+    work.mkdir(parents=True, exist_ok=True)
+    cal_dir = work / "calibration"
+    print(f"starting the lab's {args.engine}", flush=True)
+    with lab.running(args.engine, port=0) as server:
+        t0 = time.monotonic()
+        cal = pdscope("plan", "calibrate", server.url, "--out", str(cal_dir))
+        print(f"  calibrated in {time.monotonic() - t0:.0f} s", flush=True)
+        result = capacity(server.url, cal_dir, work, args.capacity, "256", "64",
+                          args.duration, args.min_requests, args.tolerance)
+    result["engine"] = args.engine
+    result["calibration"] = cal
+    (work / "capacity.json").write_text(json.dumps(result, indent=2))
     print(f"\nwork folder: {work}")
     return 0
 

@@ -2,6 +2,12 @@
 docs/benchmarks.md between the selftest markers (reruns replace them).
 
     .venv/bin/python tools/selftest_doc.py            # about a minute on two cores
+    .venv/bin/python tools/selftest_doc.py --workers  # scale-out: about five minutes
+
+``--workers`` measures the load split between worker processes instead (`selftest --workers`
+at 200, 500 and 1,000 streams, in the client's own process and with 1 and 2 workers; and one
+300-request Poisson schedule sent by `bench --workers 1` and `--workers 2`, each repeated), and
+writes it between the selftest-workers markers.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,9 +27,11 @@ LEVELS = "1,10,50,100,200"
 RUNS = 3  # each mode is run this many times; the table shows the median of each figure
 
 
-def run(burst: bool) -> dict:
-    args = [sys.executable, "-m", "pdscope", "selftest", "--levels", LEVELS, "--all-levels",
+def run(burst: bool, levels: str = LEVELS, workers: int | None = None) -> dict:
+    args = [sys.executable, "-m", "pdscope", "selftest", "--levels", levels, "--all-levels",
             "--json"] + (["--burst"] if burst else [])
+    if workers is not None:
+        args += ["--workers", str(workers)]
     r = subprocess.run(args, capture_output=True, text=True, timeout=600, check=True)
     return json.loads(r.stdout)
 
@@ -51,7 +60,99 @@ def table(results: list[dict]) -> str:
     return "\n".join(out)
 
 
+W_START, W_END = "<!-- selftest-workers:start -->", "<!-- selftest-workers:end -->"
+W_LEVELS = "200,500,1000"
+W_RUNS = 3
+POISSON = ("--request-rate", "30", "--num-prompts", "300", "--seed", "14", "--input-len", "16",
+           "--output-len", "100", "--no-metrics")
+POISSON_KEYS = ("completed", "failed", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
+                "p99_itl_ms", "median_e2el_ms", "output_throughput", "p99_schedule_lag_ms")
+
+
+def poisson(url: str, workers: int) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        r = subprocess.run([sys.executable, "-m", "pdscope", "bench", url, *POISSON, "--workers",
+                            str(workers), "--model", "pdscope-reference", "--out", out,
+                            "--json"], capture_output=True, text=True, timeout=600, check=True)
+    return json.loads(r.stdout)
+
+
+def spread(xs: list[float]) -> str:
+    if all(float(x).is_integer() for x in xs):  # counts
+        return f"{median(xs):,.0f} ({min(xs):,.0f}–{max(xs):,.0f})"
+    return f"{median(xs):,.2f} ({min(xs):,.2f}–{max(xs):,.2f})"
+
+
+def workers_block() -> str:
+    from pdscope.selftest import ReferenceConfig, run_in_subprocess
+
+    modes: list[tuple[str, int | None]] = [("own process", None), ("1 worker", 1),
+                                           ("2 workers", 2)]
+    load0 = os.getloadavg()[0]
+    results = {name: [run(False, W_LEVELS, w) for _ in range(W_RUNS)] for name, w in modes}
+    config = ReferenceConfig(ttft_base_s=0.05, ttft_per_token_s=0.0, itl_s=0.01)
+    with run_in_subprocess(config) as url:
+        benches = {w: [] for w in (1, 2)}  # type: dict[int, list[dict]]
+        for _ in range(W_RUNS):  # interleaved, so that a busy minute hits both
+            for w in (1, 2):
+                benches[w].append(poisson(url, w))
+    load1 = os.getloadavg()[0]
+    keys = ("ttft_err_p50_ms", "ttft_err_p99_ms", "itl_err_p50_ms", "itl_err_p99_ms",
+            "server_late_p50_ms", "client_late_p50_ms", "client_late_p99_ms")
+    out = [
+        W_START,
+        f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} cores"
+        f" ({platform.processor() or platform.machine()}), load average {load0:.1f} before,"
+        f" {load1:.1f} after (the machine was shared); medians of {W_RUNS} runs; errors in ms."
+        " Reference server: TTFT 50 ms, then a token every 10 ms, 100 tokens a request; streams"
+        " spread over one request's length (`pdscope selftest --levels 200,500,1000"
+        " [--workers N]`).",
+        "",
+        "| client | streams | TTFT err p50 | p99 | ITL err p50 | p99 | server late p50"
+        " | client late p50 | p99 | tok/s (ideal) | of ideal |",
+        "|" + "---|" * 11,
+    ]
+    for name, _ in modes:
+        runs = results[name]
+        for i, lv in enumerate(runs[0]["levels"]):
+            vals = {k: median([r["levels"][i][k] for r in runs]) for k in keys}
+            tok = median([r["levels"][i]["output_tok_s"] for r in runs])
+            ideal = lv["ideal_tok_s"]
+            out.append(f"| {name} | {lv['concurrency']:,} | "
+                       + " | ".join(f"{vals[k]:+.2f}" for k in keys)
+                       + f" | {tok:,.0f} ({ideal:,.0f}) | {tok / ideal:.0%} |")
+    out += [
+        "",
+        "The same 300-request Poisson schedule (30 requests/s, seed 14, 100 tokens each) sent by"
+        f" `bench --workers 1` and `--workers 2`, {W_RUNS} runs each, interleaved: median"
+        " (min–max) of the runs.",
+        "",
+        "| figure | --workers 1 | --workers 2 |",
+        "|---|---|---|",
+    ]
+    for k in POISSON_KEYS:
+        out.append(f"| {k} | {spread([b[k] for b in benches[1]])} |"
+                   f" {spread([b[k] for b in benches[2]])} |")
+    out.append(W_END)
+    return "\n".join(out)
+
+
+def write_block(start: str, end: str, block: str, heading: str) -> None:
+    text = DOC.read_text() if DOC.exists() else ""
+    if start in text and end in text:
+        text = text[: text.index(start)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip() + heading + block + "\n"
+    DOC.write_text(text)
+
+
 def main() -> None:
+    if "--workers" in sys.argv[1:]:
+        block = workers_block()
+        write_block(W_START, W_END, block,
+                    "\n\n## Past one process: `selftest --workers`\n\n")
+        print(block)
+        return
     ramped = [run(False) for _ in range(RUNS)]
     burst = [run(True) for _ in range(RUNS)]
     load = os.getloadavg()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -198,6 +199,14 @@ CASES: list[tuple[str, tuple[str, ...], int, str]] = [
      "no such file"),
     ("bench-max-failed-1.5", (*BENCH, "--max-failed", "1.5"), 2, "from 0 to 1"),
     ("bench-max-failed-negative", (*BENCH, "--max-failed=-0.1"), 2, "from 0 to 1"),
+    # ---- bench: scale-out
+    ("bench-workers-0", (*BENCH, "--workers", "0"), 2, "from 1 to"),
+    ("bench-workers-word", (*BENCH, "--workers", "many"), 2, "or auto"),
+    ("bench-workers-half", (*BENCH, "--workers", "1.5"), 2, "not a whole number"),
+    ("bench-workers-and-ray", (*BENCH, "--workers", "2", "--ray", "local"), 2,
+     "--workers and --ray exclude each other"),
+    ("bench-ray-http-address", (*BENCH, "--ray", "http://head:8265"), 2, "not a Ray address"),
+    ("bench-ray-no-port", (*BENCH, "--ray", "head"), 2, "not a Ray address"),
     # ---- bench: the run folder, checked before the first request
     ("bench-out-proc", (*BENCH, "--out", "/proc/pdscope-bad-input"), 2,
      "cannot create that folder"),
@@ -505,6 +514,15 @@ def test_bench_without_max_failed_passes_a_partly_failed_run(
         summary = json.loads(stdout)
         assert 0 < summary["failed"] < 24 and summary["completed"] + summary["failed"] == 24
         assert len((out / "requests.jsonl").read_text().splitlines()) == 24
+
+
+def test_bench_on_ray_without_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # what a core install without Ray has
+    got, _, err = run_cli([*BENCH, "--ray", "local"], capsys)
+    lines = error_lines(err)
+    assert got == 2 and len(lines) == 1, err
+    assert lines[0] == "pdscope: Ray is not installed: pip install 'pdscope[ray]'"
 
 
 def test_a_host_name_that_does_not_resolve_says_so() -> None:

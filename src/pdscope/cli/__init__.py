@@ -19,8 +19,10 @@ from collections.abc import Sequence
 
 from pdscope import __version__
 from pdscope.cli import (
+    ab,
     bench,
     ceiling,
+    compare,
     context,
     demo,
     devices,
@@ -39,8 +41,8 @@ from pdscope.cli.common import CliParser, print_error
 from pdscope.errors import PdscopeError
 
 COMMANDS = (
-    demo, doctor, probe, sweep, context, prefix, interference, bench, watch, plan, ceiling,
-    kv, devices, lab, selftest,
+    demo, doctor, probe, sweep, context, prefix, interference, bench, watch, plan, compare, ab,
+    ceiling, kv, devices, lab, selftest,
 )
 
 

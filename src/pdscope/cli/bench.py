@@ -19,6 +19,7 @@ from pdscope.cli.common import (
     console,
     err_console,
     float_in,
+    int_in,
     make_config,
     non_negative_float,
     non_negative_int,
@@ -39,6 +40,7 @@ from pdscope.load.results import default_run_dir
 from pdscope.load.runner import Stage, StageRun
 from pdscope.load.schedule import parse_ints, parse_rates
 from pdscope.load.summary import parse_slo
+from pdscope.load.workers import auto_workers, import_ray
 from pdscope.selftest.check import saved_capacity
 from pdscope.workload.datasets import parse_lengths
 
@@ -51,6 +53,10 @@ EXAMPLES = """
   pdscope bench URL --concurrency 8 --num-prompts 64 --prefix-groups 2 --prefix-tokens 1500
   pdscope bench URL --request-rate inf --num-prompts 32 --max-concurrency 8 --json
   pdscope bench URL --dataset prompts.jsonl --request-rate 1 --num-prompts 100 --out runs/a
+  pdscope bench URL --concurrency 1000 --duration 60 --workers auto
+      the load split between worker processes, one per core (less the server's when local)
+  pdscope bench URL --request-rate 200 --duration 120 --ray auto
+      one worker on each node of the Ray cluster this machine belongs to (pdscope[ray])
 """
 
 
@@ -83,6 +89,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--duration", type=positive_float, metavar="S", help="seconds a stage")
     g.add_argument("--warmup", type=non_negative_int, default=0, metavar="N",
                    help="first N requests of each stage left out of the statistics")
+    s = p.add_argument_group("scale-out (docs/scale-out.md)")
+    s.add_argument("--workers", type=workers_count, metavar="N|auto",
+                   help="split the load between N worker processes on this machine, each with"
+                   " its own event loop; auto: one per core, less one when the server is local")
+    s.add_argument("--ray", metavar="ADDRESS",
+                   help="split the load between Ray actors, one on each node: local (a throwaway"
+                   " Ray here), auto (this machine's cluster), ray://HOST:PORT or HOST:PORT;"
+                   " needs pip install 'pdscope[ray]'")
     w = p.add_argument_group("workload")
     w.add_argument("--input-len", default="512",
                    help="prompt tokens: N, uniform:MIN:MAX or normal:MEAN:SD (default 512)")
@@ -140,6 +154,16 @@ def stages_from_args(args: argparse.Namespace) -> list[Stage]:
             for c in parse_ints(args.concurrency, "--concurrency")]
 
 
+def workers_count(text: str) -> int | str:
+    """``--workers``: ``auto`` or a whole number from 1 to 1,024."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int_in(1, 1024)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (a number of processes, or auto)") from None
+
+
 T = TypeVar("T")
 
 
@@ -163,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         prefix_tokens=args.prefix_tokens,
     )
     config = make_config(
-        BenchConfig, {"drain_s": "--drain"},
+        BenchConfig, {"drain_s": "--drain", "ray_address": "--ray"},
         **client_kwargs(args),
         timeouts=Timeouts(connect=args.timeout_connect, first_token=args.timeout_first_token,
                           between_tokens=args.timeout_between_tokens, total=args.timeout_total),
@@ -172,7 +196,11 @@ def run(args: argparse.Namespace) -> int:
         record_metrics=not args.no_metrics,
         client_capacity_streams=saved_capacity(),
         max_failed=args.max_failed,
+        workers=auto_workers(args.url) if args.workers == "auto" else args.workers,
+        ray_address=args.ray,
     )
+    if args.ray is not None:
+        import_ray()  # before anything is measured: one line on how to install it
     if args.dataset and not Path(args.dataset).is_file():
         raise InputError(f"--dataset {args.dataset}: no such file")
     with out_folder(args.out or default_run_dir()) as folder:
@@ -276,6 +304,9 @@ def show(result: BenchResult) -> None:
                          " (not in TTFT)")
         if s.get("p99_schedule_lag_ms") is not None:
             extra.append(f"send lag behind schedule: p99 {_ms(s['p99_schedule_lag_ms'])} ms")
+        if (s.get("workers") or 1) > 1 or s.get("workers_lost"):
+            lost = f", {len(s['workers_lost'])} lost" if s.get("workers_lost") else ""
+            extra.append(f"{s['workers']} load workers{lost}")
         if s.get("request_goodput") is not None:
             extra.append(f"goodput {s['request_goodput']:.2f} req/s ({s['good_requests']} of"
                          f" {s['completed']} met {s['goodput_slo_ms']})")

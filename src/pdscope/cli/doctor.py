@@ -18,7 +18,9 @@ from pdscope.cli.common import (
     run_async,
     warn,
 )
+from pdscope.cli.compare import show as show_comparison
 from pdscope.cli.server_args import add_server_args, check_ceiling_args, client_kwargs
+from pdscope.compare import compare, read_side
 from pdscope.doctor.report import phase_cards, write_run
 from pdscope.doctor.run import DoctorConfig, DoctorRun, previous_interference, run_doctor
 from pdscope.errors import InputError
@@ -29,7 +31,7 @@ EXAMPLES = """
   pdscope doctor http://127.0.0.1:28100 --out runs/a  everything, report in runs/a/report.html
   pdscope doctor http://gpu-box:8000 --device h100-sxm --model-config Llama-3.1-8B/config.json
   pdscope doctor URL --slo ttft:500,itl:50            how many users within these objectives
-  pdscope doctor URL --compare-with runs/a            set this run's prefill stalls beside a's
+  pdscope doctor URL --baseline runs/a                every figure and finding beside a's
 """
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "blue"}
@@ -55,8 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="objectives for the capacity sweep (default ttft:2000,itl:200)")
     p.add_argument("--out", metavar="DIR", help="output folder (default runs/doctor-DATE-TIME);"
                    " made with its parents before the first request")
-    p.add_argument("--compare-with", action="append", default=[], metavar="DIR",
-                   help="an earlier doctor --out folder: set its prefill stalls beside these")
+    p.add_argument("--baseline", "--compare-with", dest="compare_with", action="append",
+                   default=[], metavar="DIR",
+                   help="an earlier doctor --out folder: at the end, every figure and finding"
+                   " set beside it (pdscope compare), and its prefill stalls in the report")
     p.add_argument("--json", action="store_true", help="print the findings and evidence as JSON")
     p.set_defaults(handler=run)
 
@@ -90,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     # Everything that would otherwise fail only at the end is read before the first request.
     for folder in config.compare_with:
         previous_interference(folder)
+        read_side(folder)
     check_ceiling_args(args)
     t0 = time.monotonic()
     with out_folder(out), err_console.status("doctor: starting") as status:
@@ -107,9 +112,13 @@ def run(args: argparse.Namespace) -> int:
             "skipped": result.skipped,
             "files": {k: str(v) for k, v in paths.items()},
             "seconds": took,
+            "comparisons": [compare(f, paths["findings"].parent, force=True).to_json()
+                            for f in config.compare_with],
         })
         return 0
     show(result, paths, took)
+    for folder in config.compare_with:
+        show_comparison(compare(folder, paths["findings"].parent, force=True))
     return 0
 
 

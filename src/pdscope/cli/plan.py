@@ -31,6 +31,7 @@ from pdscope.cli.server_args import add_server_args, check_ceiling_args, client_
 from pdscope.errors import InputError
 from pdscope.hardware import find_device
 from pdscope.load.results import read_run
+from pdscope.model import load_model
 from pdscope.plan.calibrate import (
     Calibration,
     CalibrationConfig,
@@ -48,6 +49,8 @@ from pdscope.plan.demand import (
     open_loop,
     replay,
 )
+from pdscope.plan.disaggregation import DEFAULT_LINK_GB_S, Disaggregation
+from pdscope.plan.fromruns import calibrate_from_runs
 from pdscope.plan.scheduler import SchedulerConfig
 from pdscope.plan.simulate import Slo, simulate
 from pdscope.plan.stepmodel import TERMS, StepModel
@@ -57,11 +60,14 @@ from pdscope.workload.datasets import load_dataset, parse_lengths
 
 EXAMPLES = """
   pdscope plan calibrate http://127.0.0.1:28100 --out cal       fit the lab's vLLM (2-3 min)
+  pdscope plan calibrate --from runs/bench-c1 runs/bench-c8 --out cal   fit recorded runs
   pdscope plan predict cal --rate 2 --input-len 512 --output-len 128
   pdscope plan predict cal --users 8 --set max_num_batched_tokens=512 --json
   pdscope plan predict cal --rate 1 --lengths sharegpt --replicas 2 --device h100-sxm
+  pdscope plan predict cal --rate 4 --disaggregate 1:3 --kv-link-gb-s 25   prefill apart
   pdscope plan predict cal --replay runs/bench-20261201-101500   prediction beside the run
   pdscope plan capacity cal --slo ttft:1000,itl:100 --input-len 512 --output-len 128
+  pdscope plan capacity cal --slo ttft:1000,itl:100 --disaggregate 1:1
   pdscope plan whatif cal --slo ttft:1000,itl:100 --input-len 512 --output-len 128
 """
 
@@ -84,12 +90,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="plan_action", metavar="ACTION", required=True)
 
     c = actions.add_parser("calibrate", help="fit the step-time model on a server",
-                           description="Fits the step-time model on the server at URL and"
-                           " writes DIR/calibration.json.",
-                           epilog="examples:\n  pdscope plan calibrate http://127.0.0.1:28100"
-                           " --out cal",
+                           description="Fits the step-time model on the server at URL, or on"
+                           " the requests of bench or doctor run folders (--from), and writes"
+                           " DIR/calibration.json. From runs: a request alone gives the prefill"
+                           " part, a stretch with one stream decoding the decode part, with"
+                           " several the batch part; a run at concurrency 1 and one at a few"
+                           " streams give all three.",
+                           epilog="examples:\n" + _examples("calibrate"),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     add_server_args(c)
+    for action in c._actions:
+        if action.dest == "url":  # --from fits recorded runs instead: no server then
+            action.nargs = "?"
+            action.default = None
+    c.add_argument("--from", dest="from_runs", nargs="+", metavar="RUN",
+                   help="fit the requests of these bench (or doctor) run folders instead of"
+                   " sending any: runs of one server and model")
     c.add_argument("--runs", type=int_in(1, 20), default=2, metavar="K",
                    help="times each point is measured (default 2)")
     c.add_argument("--out", metavar="DIR", default="calibration",
@@ -140,7 +156,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            " extrapolated by the roofline and marked so.",
                            epilog="examples:\n" + _examples("whatif"),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_calibration_args(w, device=False)
+    _add_calibration_args(w, device=False, disaggregate=False)
     _add_slo_args(w)
     w.add_argument("--devices", default=",".join(DEVICES), metavar="D,D",
                    help=f"devices to try (default {','.join(DEVICES)}; '' for none)")
@@ -154,7 +170,8 @@ def _examples(action: str) -> str:
                      if f"plan {action}" in line)
 
 
-def _add_calibration_args(p: argparse.ArgumentParser, *, device: bool = True) -> None:
+def _add_calibration_args(p: argparse.ArgumentParser, *, device: bool = True,
+                          disaggregate: bool = True) -> None:
     p.add_argument("calibration", metavar="CAL",
                    help="a calibration folder or its calibration.json")
     g = p.add_argument_group("workload")
@@ -188,6 +205,18 @@ def _add_calibration_args(p: argparse.ArgumentParser, *, device: bool = True) ->
         s.add_argument("--device", metavar="D",
                        help="another device (see `pdscope devices`): the model is scaled by"
                        " the roofline's bandwidth and compute ratios (an extrapolation)")
+    if disaggregate:
+        s.add_argument("--disaggregate", type=split_counts, metavar="P:D",
+                       help="prefill/decode disaggregation: P prefill instances and D decode"
+                       " instances of the server (P + D devices), each prompt's KV cache sent"
+                       " from the one to the other over --kv-link-gb-s")
+    rows = "" if disaggregate else " for the disaggregated rows"
+    s.add_argument("--kv-link-gb-s", type=float_in(0, 1e6, above=True), metavar="B",
+                   help=f"the KV link's bandwidth in GB/s{rows} (default"
+                   f" {DEFAULT_LINK_GB_S:g}: one 200 Gb/s port, InfiniBand HDR or 200 GbE)")
+    s.add_argument("--kv-bytes-per-token", type=float_in(0, 1e12, above=True), metavar="N",
+                   help=f"bytes of KV cache a prompt token sends{rows} (default: the"
+                   " calibration's, from the model's geometry)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -215,6 +244,19 @@ def parse_slo(text: str, percentile: float = 99.0) -> Slo:
         except ValueError:
             raise InputError(f"--slo {part!r}: the limit is a number of milliseconds") from None
     return make_config(Slo, {"percentile": "--percentile"}, percentile=percentile, **limits)
+
+
+def split_counts(text: str) -> tuple[int, int]:
+    """argparse type: ``P:D``, prefill and decode instances, each a whole number from 1."""
+    prefill, sep, decode = text.partition(":")
+    try:
+        counts = (int(prefill), int(decode)) if sep else None
+    except ValueError:
+        counts = None
+    if counts is None or min(counts) < 1 or max(counts) > 1024:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not P:D, prefill and decode instances from 1 to 1,024 (e.g. 1:3)")
+    return counts
 
 
 def parse_settings(pairs: Sequence[str]) -> dict[str, Any]:
@@ -260,6 +302,43 @@ def server_under_test(args: argparse.Namespace, cal: Calibration) -> tuple[StepM
     return model, scheduler
 
 
+def split_from(args: argparse.Namespace, cal: Calibration) -> Disaggregation | None:
+    """The disaggregated setup the flags ask for (``None``: one server, or replicas)."""
+    counts = getattr(args, "disaggregate", None)
+    if counts is None:
+        for flag, value in (("--kv-link-gb-s", args.kv_link_gb_s),
+                            ("--kv-bytes-per-token", args.kv_bytes_per_token)):
+            if value is not None:
+                raise InputError(f"{flag} applies to a disaggregated setup: add --disaggregate"
+                                 " P:D")
+        return None
+    if args.replicas is not None:
+        raise InputError("--replicas and --disaggregate exclude each other: a disaggregated"
+                         " setup counts its own instances")
+    return make_split(counts, args, cal)
+
+
+def make_split(counts: tuple[int, int], args: argparse.Namespace, cal: Calibration
+               ) -> Disaggregation:
+    """P:D instances with the link and KV bytes the flags or the calibration give."""
+    kv = kv_bytes_from(args, cal)
+    if kv is None:
+        raise InputError("--disaggregate: the calibration does not say the KV cache's bytes a"
+                         " token (it has no model geometry): give --kv-bytes-per-token")
+    link = DEFAULT_LINK_GB_S if args.kv_link_gb_s is None else args.kv_link_gb_s
+    return make_config(Disaggregation, {"link_gb_s": "--kv-link-gb-s",
+                                        "kv_bytes_per_token": "--kv-bytes-per-token"},
+                       prefill_instances=counts[0], decode_instances=counts[1], link_gb_s=link,
+                       kv_bytes_per_token=kv)
+
+
+def kv_bytes_from(args: argparse.Namespace, cal: Calibration) -> float | None:
+    if args.kv_bytes_per_token is not None:
+        return float(args.kv_bytes_per_token)
+    value = cal.server.get("kv_bytes_per_token")
+    return float(value) if value else None
+
+
 def scaled_to(cal: Calibration, device: str) -> StepModel:
     try:
         return on_device(cal.step_model, cal.server, device)
@@ -297,6 +376,10 @@ def shared_prefix_from(args: argparse.Namespace) -> SharedPrefix | None:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    if args.from_runs:
+        return run_calibrate_from(args)
+    if args.url is None:
+        raise InputError("give the server's URL, or --from RUN folders to fit recorded runs")
     config = make_config(CalibrationConfig, runs=args.runs, **client_kwargs(args))
     check_ceiling_args(args)
     with out_folder(args.out) as folder:
@@ -315,11 +398,37 @@ def run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_calibrate_from(args: argparse.Namespace) -> int:
+    """``calibrate --from RUN ...``: the fit of recorded runs, written whole or not at all."""
+    if args.url is not None:
+        raise InputError(f"give the server's URL or --from RUN folders, not both ({args.url})")
+    model = device = None
+    if args.device:
+        if args.device.strip().lower() == "local":
+            raise InputError("--device local: with --from, name the device the runs were"
+                             " made on (see `pdscope devices`)")
+        device = find_device(args.device)
+    if args.model_config:
+        check_ceiling_args(args)
+        model = load_model(args.model_config)
+    cal = calibrate_from_runs(args.from_runs, model=model, device=device,
+                              model_source=args.model_config)
+    with out_folder(args.out) as folder:
+        text = json.dumps(cal.to_json(), indent=2, allow_nan=False)
+        path = write_result(folder / "calibration.json", text, "the calibration")
+    if args.json:
+        print_json(cal.to_json())
+        return 0
+    show_calibration(cal, path)
+    return 0
+
+
 def show_calibration(cal: Calibration, path: Path) -> None:
     server = cal.server
+    where = (f"fitted from {len(server['runs'])} run folder(s)" if server.get("runs")
+             else f"calibrated in {cal.duration_s or 0:.0f} s")
     console.print(f"[bold]{server.get('family')} {server.get('version') or ''}[/] at"
-                  f" {server.get('url')}, model [bold]{server.get('model')}[/], calibrated in"
-                  f" {cal.duration_s or 0:.0f} s")
+                  f" {server.get('url')}, model [bold]{server.get('model')}[/], {where}")
     table = Table(title="Time of one engine step", title_justify="left")
     table.add_column("term")
     table.add_column("coefficient", justify="right")
@@ -364,6 +473,7 @@ def _coefficient(name: str, value: float) -> str:
 def run_predict(args: argparse.Namespace) -> int:
     cal = load_calibration(args.calibration)
     model, scheduler = server_under_test(args, cal)
+    split = split_from(args, cal)
     lengths = lengths_from(args)
     prefix = shared_prefix_from(args)
     if args.replay:
@@ -374,10 +484,11 @@ def run_predict(args: argparse.Namespace) -> int:
     else:
         demand = closed_loop(args.num_requests, args.users, lengths, think_s=args.think,
                              seed=args.seed, shared_prefix=prefix)
-    result = simulate(demand, model, scheduler, mode=args.mode)
+    result = simulate(demand, model, scheduler, mode=args.mode, disaggregation=split)
     summary = result.summary()
     data = {"load": demand.label, "mode": args.mode, **summary,
             "scheduler": scheduler.to_json(), "extrapolation": model.extrapolation,
+            "disaggregation": None if split is None else split.to_json(),
             "calibration": str(args.calibration)}
     if args.replay:
         data["measured"] = measured_figures(args.replay)
@@ -429,6 +540,13 @@ def show_prediction(d: dict[str, Any]) -> None:
     console.print(f"queue: up to {d['max_waiting']} waiting, {d['mean_running']:.1f} running on"
                   f" average; KV pool peak {'—' if kv is None else f'{kv:.0%}'}; preemptions"
                   f" {d['preemptions']}")
+    split = d.get("disaggregation")
+    if split:
+        console.print(f"disaggregated: {split['prefill_instances']} prefill and"
+                      f" {split['decode_instances']} decode instances ({split['devices']}"
+                      f" devices), KV cache over {split['link_gb_s']:g} GB/s: first token to"
+                      f" decode instance p50 {_s(d.get('kv_transfer_p50_s'))}, p99"
+                      f" {_s(d.get('kv_transfer_p99_s'))}")
     if d.get("extrapolation"):
         console.print(f"[yellow]extrapolation:[/] {d['extrapolation']}")
 
@@ -441,14 +559,17 @@ def run_capacity(args: argparse.Namespace) -> int:
     slo = parse_slo(args.slo, args.percentile)
     cal = load_calibration(args.calibration)
     model, scheduler = server_under_test(args, cal)
+    split = split_from(args, cal)
     lengths = lengths_from(args)
     prefix = shared_prefix_from(args)
     rate = max_rate(model, scheduler, lengths, slo, num_requests=args.num_requests,
-                    seed=args.seed, shared_prefix=prefix)
+                    seed=args.seed, shared_prefix=prefix, disaggregation=split)
     users = max_users(model, scheduler, lengths, slo, think_s=args.think,
-                      num_requests=args.num_requests, seed=args.seed, shared_prefix=prefix)
+                      num_requests=args.num_requests, seed=args.seed, shared_prefix=prefix,
+                      disaggregation=split)
     data = capacity_json(rate, users, slo)
     data["extrapolation"] = model.extrapolation
+    data["disaggregation"] = None if split is None else split.to_json()
     if args.json:
         print_json(data)
         return 0
@@ -459,6 +580,9 @@ def run_capacity(args: argparse.Namespace) -> int:
                   f" {args.think:g} s; {users.binding or 'nothing'} binds above it)")
     if rate.saturation_rps is not None:
         console.print(f"  the server saturates near {rate.saturation_rps:.3g} requests/s")
+    if split is not None:
+        console.print(f"  disaggregated {split.label}: {split.devices} devices, KV cache over"
+                      f" {split.link_gb_s:g} GB/s")
     if model.extrapolation:
         console.print(f"[yellow]extrapolation:[/] {model.extrapolation}")
     return 0
@@ -487,7 +611,9 @@ def run_whatif(args: argparse.Namespace) -> int:
     for d in devices:
         find_device(d)  # an unknown device is bad input, before any simulation
     lengths = lengths_from(args)
-    changes, notes = standard_changes(model, scheduler, cal.server, devices)
+    link = DEFAULT_LINK_GB_S if args.kv_link_gb_s is None else args.kv_link_gb_s
+    changes, notes = standard_changes(model, scheduler, cal.server, devices, link_gb_s=link,
+                                      kv_bytes_per_token=kv_bytes_from(args, cal))
     rows = what_if(changes, lengths, slo, think_s=args.think, num_requests=args.num_requests,
                    seed=args.seed, shared_prefix=shared_prefix_from(args))
     if args.json:

@@ -7,6 +7,7 @@ import math
 
 from rich.table import Table
 
+from pdscope.cli.bench import workers_count
 from pdscope.cli.common import (
     command_parser,
     console,
@@ -20,6 +21,7 @@ from pdscope.cli.common import (
 )
 from pdscope.errors import InputError, RunError
 from pdscope.load.schedule import parse_ints
+from pdscope.load.workers import auto_workers
 from pdscope.selftest.check import (
     DEFAULT_LEVELS,
     ERROR_LIMIT_MS,
@@ -32,6 +34,8 @@ from pdscope.selftest.server import main as serve
 EXAMPLES = """
   pdscope selftest                         rising concurrency until the error passes 1 ms
   pdscope selftest --levels 1,50,200 --json
+  pdscope selftest --levels 200,500,1000 --workers 2
+      the same, the load split between two worker processes (as bench --workers 2)
   pdscope selftest --serve --port 8300 --itl-ms 10 --fault-rate 0.1
       run the reference server alone (127.0.0.1), to try any client against it
 """
@@ -63,6 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    " as independent users arrive); a burst measures the server's backlog too")
     p.add_argument("--all-levels", action="store_true",
                    help="run every level even after one fails the 1 ms limit")
+    p.add_argument("--workers", type=workers_count, metavar="N|auto",
+                   help="split each level between N worker processes, as `bench --workers`"
+                   " does (auto: one per core, less the reference server's)")
     p.add_argument("--serve", action="store_true",
                    help="only run the reference server until Ctrl-C (prints its URL)")
     p.add_argument("--port", type=port, default=0, help="with --serve: the port (0: any)")
@@ -86,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--port and --fault-rate go with --serve (the self-test starts its own"
                          " server, without faults)")
     levels = parse_ints(args.levels, "--levels")
+    workers = (auto_workers("http://127.0.0.1") if args.workers == "auto" else args.workers)
 
     async def main() -> SelftestResult:
         return await run_selftest(
@@ -93,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             output_tokens=args.output_tokens, stop_after_failure=not args.all_levels,
             ramp=not args.burst,
             progress=lambda c: err_console.print(f"[dim]concurrency {c}...[/dim]"),
+            workers=workers,
         )
 
     result = run_async(main)
@@ -100,9 +109,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_json())
         return 0
+    where = f"{workers} worker processes" if workers is not None else "one process"
     console.print(f"reference server: TTFT {args.ttft_ms:g} ms, one token every"
                   f" {args.itl_ms:g} ms, {args.output_tokens} tokens; client event loop:"
-                  f" {result.loop}")
+                  f" {result.loop}, {where}")
     table = Table(title_justify="left")
     for col in ("streams", "requests", "TTFT err p50", "p99", "ITL err p50", "p99",
                 "transit p50", "server late p50", "client late p50", "p99", "tok/s (ideal)"):

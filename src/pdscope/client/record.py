@@ -49,6 +49,7 @@ ErrorKind = Literal[
     "bad_chunk",  # a chunk that is not JSON
     "overrun",  # the server kept streaming far past max_tokens; the client hung up
     "cancelled",  # the task running the request was cancelled
+    "worker_lost",  # the load worker (process, Ray actor or node) died before it finished
 ]
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 

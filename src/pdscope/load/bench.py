@@ -9,6 +9,8 @@ The library entry of ``pdscope bench``::
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +32,7 @@ from pdscope.errors import InputError
 from pdscope.load.results import RunFolder
 from pdscope.load.runner import ProgressFn, Stage, StageRun, run_stage
 from pdscope.load.summary import SLO, summarize_stage
+from pdscope.load.workers import RayPool, check_ray_address, open_pool, run_stage_workers
 from pdscope.metrics import (
     MetricsRecorder,
     Snapshot,
@@ -80,7 +83,10 @@ class BenchConfig(ClientOptions):
     keeps within 1 ms on this machine (the CLI passes the saved figure), to warn past it.
     ``max_failed``: the share of a stage's requests that may fail (0 to 1) before the run is
     called failed (:meth:`BenchResult.failure`); ``None``: only a stage with no request
-    completed fails."""
+    completed fails. ``workers``: split each stage between this many worker processes
+    (:mod:`pdscope.load.workers`); ``None``: run it in this process. ``ray_address``: split it
+    between Ray actors, one on each node of that cluster (``local``, ``auto``,
+    ``ray://HOST:PORT`` or ``HOST:PORT``)."""
 
     slo: SLO | None = None
     drain_s: float = 30.0
@@ -88,10 +94,19 @@ class BenchConfig(ClientOptions):
     metrics_interval_s: float = 1.0
     client_capacity_streams: int | None = None
     max_failed: float | None = None
+    workers: int | None = None
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         at_least(self.drain_s, 0, "drain_s")
+        if self.workers is not None:
+            at_least(self.workers, 1, "workers")
+            if self.ray_address is not None:
+                raise InputError("workers and ray_address exclude each other: on Ray, one"
+                                 " worker runs on each node of the cluster")
+        if self.ray_address is not None:
+            check_ray_address(self.ray_address)
         if self.max_failed is not None:
             at_least(self.max_failed, 0, "max_failed")
             if self.max_failed > 1:
@@ -235,9 +250,18 @@ async def run_bench(
             "model": target.model, "api": target.api, "workload": workload.describe(),
             "prefix_groups": workload.prefix_groups, "prefix_tokens": workload.prefix_tokens,
             "stages": [s.to_json() for s in stages], "started_at": time.time(),
+            "workers": config.workers, "ray_address": config.ray_address,
             **(meta or {}),
         }
         out = RunFolder(folder, run_meta)
+        try:
+            pool = await open_pool(config.workers, config.ray_address)
+        except BaseException:
+            out.finish([], sweep=len(stages) > 1)
+            raise
+        if pool is not None:
+            # Where each worker runs (a pid to watch, a node to look at), before the first stage.
+            (out.path / "workers.json").write_text(json.dumps(pool.where(), indent=2))
         summaries: list[dict[str, Any]] = []
         runs: list[StageRun] = []
         warnings: list[str] = []
@@ -257,11 +281,18 @@ async def run_bench(
                                           session, seed)
                 out.stage = stage.name
                 before = await recorder.scrape_once() if recorder is not None else None
-                run = await run_stage(
-                    session, target, items, stage, timeouts=config.timeouts, sink=out,
-                    stop=stop, cancel=cancel, drain_s=config.drain_s,
-                    progress=progress(stage) if progress else None,
-                )
+                if pool is None:
+                    run = await run_stage(
+                        session, target, items, stage, timeouts=config.timeouts, sink=out,
+                        stop=stop, cancel=cancel, drain_s=config.drain_s,
+                        progress=progress(stage) if progress else None,
+                    )
+                else:
+                    run = await run_stage_workers(
+                        pool, target, items, stage, timeouts=config.timeouts, sink=out,
+                        stop=stop, cancel=cancel, drain_s=config.drain_s,
+                        progress=progress(stage) if progress else None,
+                    )
                 summary = summarize_stage(run, config.slo)
                 summary.update(server=info.kind, model=target.model, api=target.api)
                 after = await recorder.scrape_once() if recorder is not None else None
@@ -272,8 +303,17 @@ async def run_bench(
                 for w in (lag_warning(summary), capacity_warning(summary, capacity)):
                     if w:
                         warnings.append(w)
+                warnings.extend(f"{stage.name}: {lost}; its unfinished requests are counted"
+                                " failed (worker_lost)" for lost in run.workers_lost)
         finally:
             if recorder is not None:
                 await recorder.__aexit__(None, None, None)
+            if isinstance(pool, RayPool):
+                with contextlib.suppress(Exception):
+                    pool.after = await pool.measure_clocks()
+                with contextlib.suppress(OSError):
+                    (out.path / "clocks.json").write_text(json.dumps(pool.clocks(), indent=2))
+            if pool is not None:
+                await pool.close()
             out.finish(summaries, sweep=len(stages) > 1)
     return BenchResult(info, target, out.path, summaries, runs, [*out.warnings, *warnings])

@@ -12,6 +12,12 @@ Each finished request is handed to the sink at once (the JSONL file is flushed l
 so an interrupted run keeps everything that had finished. A stop request (Ctrl-C) ends the
 scheduling; requests in flight finish or time out within ``drain_s``; what is still running
 then is cancelled and counted as incomplete.
+
+A stage can be split between load workers (:mod:`pdscope.load.workers`): each runs a
+:class:`Share` of it, from one start time. Open loop: the global schedule, drawn once, and each
+worker sends the arrivals whose index is its own modulo the workers. Closed loop: each worker
+runs the streams ``k, k + n, ...`` and stream ``s`` sends the requests whose index is ``s``
+modulo the concurrency, so N workers send the same requests as one.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -89,6 +95,7 @@ class Finished:
     warmup: bool
     client_queue_s: float | None
     record: RequestRecord
+    worker: int | None = None  # the load worker that sent it; None: the bench's own process
 
     def to_json(self, stage: str) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -96,9 +103,49 @@ class Finished:
             "stage": stage,
             "warmup": self.warmup,
             "client_queue_s": self.client_queue_s,
+            "worker": self.worker,
         }
         out.update(self.record.to_dict())
         return out
+
+
+@dataclass(frozen=True)
+class Share:
+    """The part of a stage that load worker ``worker`` (from 0) of ``workers`` runs."""
+
+    worker: int
+    workers: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.worker < self.workers:
+            raise InputError(f"worker {self.worker} of {self.workers} does not exist")
+
+    def owns(self, index: int) -> bool:
+        """Open loop: this worker sends the request ``index`` of the global schedule."""
+        return index % self.workers == self.worker
+
+    def streams(self, concurrency: int) -> range:
+        """Closed loop: the global numbers of this worker's streams."""
+        return range(self.worker, concurrency, self.workers)
+
+    def max_concurrency(self, limit: int) -> int:
+        """This worker's part of an open loop's ``max_concurrency`` (the parts add up to it)."""
+        return limit // self.workers + (1 if self.worker < limit % self.workers else 0)
+
+
+def closed_loop_indices(concurrency: int, streams: Sequence[int],
+                        total: int | None) -> Iterator[int]:
+    """The request indices a set of closed-loop streams sends, in order: those whose index
+    modulo the concurrency is one of them (all of them when every stream is there)."""
+    own = sorted(streams)
+    if len(own) == concurrency:
+        yield from itertools.count() if total is None else range(total)
+        return
+    for base in itertools.count(0, concurrency):
+        for s in own:
+            if total is not None and base + s >= total:
+                return
+            yield base + s
 
 
 class Sink(Protocol):
@@ -116,6 +163,8 @@ class StageRun:
     interrupted: bool = False
     t_end_ns: int = 0
     max_in_flight: int = 0
+    workers: int = 1  # load workers that ran it (1: this process, or one worker)
+    workers_lost: list[str] = field(default_factory=list)  # each: which, and why
 
     @property
     def duration_s(self) -> float:
@@ -137,17 +186,29 @@ async def run_stage(
     cancel: asyncio.Event | None = None,
     drain_s: float = 30.0,
     progress: ProgressFn | None = None,
+    share: Share | None = None,
+    offsets: Sequence[float] | None = None,
+    start_ns: int | None = None,
+    on_send: Callable[[int], None] | None = None,
 ) -> StageRun:
     """Run one stage to its end (count or duration), or until ``stop`` is set. After a stop,
-    requests in flight get ``drain_s`` to finish, or until ``cancel`` is set."""
+    requests in flight get ``drain_s`` to finish, or until ``cancel`` is set.
+
+    A load worker runs its ``share`` of the stage from ``start_ns`` (``perf_counter_ns``; by
+    default in 5 ms), on the global open-loop schedule ``offsets`` (by default drawn here from
+    the stage's seed); ``on_send(index)`` is called as each request leaves."""
     if not items:
         raise InputError("the workload is empty")
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    start_ns = time.perf_counter_ns() + 5_000_000  # a moment to set up before the first send
+    if start_ns is None:
+        start_ns = time.perf_counter_ns() + 5_000_000  # a moment to set up before the first send
     run = StageRun(stage, start_ns, time.time())
     in_flight: set[asyncio.Task[None]] = set()
-    limit = asyncio.Semaphore(stage.max_concurrency) if stage.max_concurrency else None
+    max_concurrency = stage.max_concurrency
+    if max_concurrency and share is not None:
+        max_concurrency = share.max_concurrency(max_concurrency)
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     deadline_ns = (
         start_ns + int(stage.duration_s * NS) if stage.duration_s is not None else None
     )
@@ -163,6 +224,8 @@ async def run_stage(
                 scheduled_ns = max(scheduled_ns, free_ns)
         try:
             run.sent += 1
+            if on_send is not None:
+                on_send(index)
             record = await stream_request(
                 session,
                 target,
@@ -179,7 +242,8 @@ async def run_stage(
             # The server did not say (llama-cpp-python sends no usage in streams); the prompt
             # was built to this many tokens with the server's own tokenizer.
             record = replace(record, prompt_tokens=item.prompt_tokens)
-        done = Finished(index, index < stage.warmup, queue_s, record)
+        done = Finished(index, index < stage.warmup, queue_s, record,
+                        share.worker if share is not None else None)
         run.finished.append(done)
         run.t_end_ns = max(run.t_end_ns, time.perf_counter_ns())
         sink(done)
@@ -204,22 +268,21 @@ async def run_stage(
     workers: list[asyncio.Task[None]] = []
     try:
         if stage.request_rate is not None:
-            offsets = arrival_offsets(
-                stage.num_prompts,
-                stage.request_rate,
-                burstiness=stage.burstiness,
-                duration_s=stage.duration_s,
-                seed=stage.seed,
-            )
+            if offsets is None:
+                offsets = stage_offsets(stage)
             for index, offset in enumerate(offsets):
+                if share is not None and not share.owns(index):
+                    continue
                 due = start_ns + int(offset * NS)
                 if not await wait_until(due):
                     break
                 launch(index, items[index % len(items)], due)
         else:
             assert stage.concurrency is not None
-            counter = itertools.count()
             total = stage.num_prompts
+            streams = (share.streams(stage.concurrency) if share is not None
+                       else range(stage.concurrency))
+            counter = closed_loop_indices(stage.concurrency, streams, total)
 
             async def stream_worker(k: int) -> None:
                 # Streams that all start at once stay in step when their requests take as long
@@ -229,9 +292,9 @@ async def run_stage(
                 ):
                     return
                 while not stop.is_set():
-                    index = next(counter)
+                    index = next(counter, None)
                     now = time.perf_counter_ns()
-                    if (total is not None and index >= total) or (
+                    if index is None or (total is not None and index >= total) or (
                         deadline_ns is not None and now >= deadline_ns
                     ):
                         return
@@ -239,7 +302,7 @@ async def run_stage(
                     await launch(index, items[index % len(items)], None)
 
             await wait_until(start_ns)
-            workers.extend(loop.create_task(stream_worker(k)) for k in range(stage.concurrency))
+            workers.extend(loop.create_task(stream_worker(k)) for k in streams)
             stopper = loop.create_task(stop.wait())
             await asyncio.wait([*workers, stopper], return_when=asyncio.FIRST_COMPLETED)
             if not stop.is_set():
@@ -263,6 +326,14 @@ async def run_stage(
     if run.t_end_ns == 0:
         run.t_end_ns = time.perf_counter_ns()
     return run
+
+
+def stage_offsets(stage: Stage) -> list[float]:
+    """An open-loop stage's global schedule: send times in seconds from its start, drawn from
+    its seed (the same draw for one process as for N workers)."""
+    assert stage.request_rate is not None
+    return arrival_offsets(stage.num_prompts, stage.request_rate, burstiness=stage.burstiness,
+                           duration_s=stage.duration_s, seed=stage.seed)
 
 
 async def _drain(

@@ -136,6 +136,8 @@ def summarize_stage(run: StageRun, slo: SLO | None = None) -> dict[str, Any]:
         "total_token_throughput": (in_tokens + out_tokens) / duration,
         "max_output_tokens_per_s": peak_output_rate(ok),
         "max_in_flight": run.max_in_flight,
+        "workers": run.workers,
+        "workers_lost": list(run.workers_lost),
     }
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2e),
                          ("client_queue", queue), ("schedule_lag", lag)):

@@ -2,8 +2,10 @@
 
 A step-time model fitted to the user's own server (:mod:`~pdscope.plan.calibrate`) drives a
 simulator of its scheduler (:mod:`~pdscope.plan.simulate`) under a demand
-(:mod:`~pdscope.plan.demand`); :mod:`~pdscope.plan.capacity` searches the load that still meets
-the SLO, and :mod:`~pdscope.plan.whatif` sets one change at a time beside the server as it is::
+(:mod:`~pdscope.plan.demand`): one server, replicas, or prefill and decode instances
+(:mod:`~pdscope.plan.disaggregation`). :mod:`~pdscope.plan.capacity` searches the load that
+still meets the SLO, and :mod:`~pdscope.plan.whatif` sets one change at a time beside the
+server as it is::
 
     from pdscope.plan import FixedLengths, Slo, load_calibration, max_rate, open_loop, simulate
 
@@ -13,6 +15,12 @@ the SLO, and :mod:`~pdscope.plan.whatif` sets one change at a time beside the se
     print(result.summary()["ttft_p99_s"])
     print(max_rate(cal.step_model, cal.scheduler, FixedLengths(512, 128),
                    Slo(ttft_s=1.0, itl_s=0.1)).rate_rps)
+    # prefill and decode apart, the KV cache over a 25 GB/s link:
+    split = Disaggregation(1, 3, link_gb_s=25, kv_bytes_per_token=cal.server["kv_bytes_per_token"])
+    simulate(open_loop(2000, 1.5, FixedLengths(512, 128)), cal.step_model, cal.scheduler,
+             disaggregation=split)
+    # a calibration from bench run folders instead of a live server:
+    cal = calibrate_from_runs(["runs/bench-c1", "runs/bench-c8"])
 """
 
 from pdscope.plan.calibrate import (
@@ -33,6 +41,8 @@ from pdscope.plan.demand import (
     open_loop,
     replay,
 )
+from pdscope.plan.disaggregation import Disaggregation
+from pdscope.plan.fromruns import calibrate_from_runs
 from pdscope.plan.scheduler import SchedulerConfig
 from pdscope.plan.simulate import SimResult, Slo, simulate
 from pdscope.plan.stepmodel import StepModel, StepObservation, fit_step_model, roofline_prior
@@ -42,6 +52,7 @@ __all__ = [
     "CalibrationConfig",
     "CapacityPoint",
     "Demand",
+    "Disaggregation",
     "DrawnLengths",
     "FixedLengths",
     "LogNormalLengths",
@@ -53,6 +64,7 @@ __all__ = [
     "SloUnreachable",
     "StepModel",
     "StepObservation",
+    "calibrate_from_runs",
     "closed_loop",
     "fit_step_model",
     "load_calibration",

@@ -48,6 +48,7 @@ from pdscope.plan.stepmodel import (
     fit_step_model,
     roofline_prior,
 )
+from pdscope.roofline import kv_bytes_per_token
 from pdscope.servers import ServerSettings
 
 FORMAT = "pdscope-calibration"
@@ -374,7 +375,8 @@ async def run_calibration(
                   "version": conn.info.version, "model": conn.target.model,
                   "api": conn.target.api, "settings": settings.to_json(),
                   "device": inputs.device.name if inputs.device else None,
-                  "model_source": inputs.model_source, **_hardware(inputs.model, inputs.device)}
+                  "model_source": inputs.model_source,
+                  **hardware_figures(inputs.model, inputs.device)}
     for part in ("prefill", "decode"):
         if not any(p.part == part for p in points):
             raise RunError(f"calibration: the {part} part measured nothing usable")
@@ -425,11 +427,15 @@ def _observe(part: str, label: str, records: Sequence[RequestRecord],
     return out
 
 
-def _hardware(model: ModelGeometry | None, device: DeviceSpec | None) -> dict[str, Any]:
+def hardware_figures(model: ModelGeometry | None, device: DeviceSpec | None) -> dict[str, Any]:
     """What a what-if needs to move the model to other hardware or precision: the device's
-    bandwidth and compute, the weights' bytes each."""
+    bandwidth and compute, the weights' bytes each; and, for a disaggregated setup, the bytes
+    of KV cache a token sends (16-bit elements: vLLM's and llama.cpp's default cache type)."""
+    kv = (kv_bytes_per_token(model) if model is not None and model.has_attention_shape
+          else None)
     return {
         "device_bandwidth_gb_s": device.mem_bandwidth_gb_s if device else None,
         "device_bf16_tflops": device.bf16_tflops if device else None,
         "bytes_per_weight": model.bytes_per_weight if model else None,
+        "kv_bytes_per_token": kv,
     }

@@ -8,6 +8,9 @@ Two questions, answered by simulation (:func:`pdscope.plan.simulate.simulate`, f
   up: requests are served more slowly than they come, and the queue grows without bound.
 - :func:`max_users` — the most closed-loop users that meet the SLO (integer bisection).
 
+Each takes an optional :class:`~pdscope.plan.disaggregation.Disaggregation`: the setup is then
+that many prefill and decode instances rather than the scheduler's replicas.
+
 Both assume that more load never makes a latency better. Where even the lightest load (a very
 low rate, or one user) misses the SLO, no load meets it: :class:`SloUnreachable` says by how
 much.
@@ -24,6 +27,7 @@ import numpy as np
 
 from pdscope.errors import InputError
 from pdscope.plan.demand import LengthMix, SharedPrefix, closed_loop, open_loop
+from pdscope.plan.disaggregation import Disaggregation
 from pdscope.plan.scheduler import SchedulerConfig
 from pdscope.plan.simulate import SimResult, Slo, simulate
 from pdscope.plan.stepmodel import StepModel, attention_pairs
@@ -61,25 +65,43 @@ class CapacityPoint:
 
 
 def estimate_rate(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix,
-                  seed: int = 0) -> float:
+                  seed: int = 0, disaggregation: Disaggregation | None = None) -> float:
     """A first guess at the rate that saturates the setup: the full batch decoding at the mean
-    context, plus each request's prompt computed once, spread over the replicas."""
+    context, plus each request's prompt computed once, spread over the replicas.
+
+    Disaggregated: the least of what the prefill instances read (as many mean prompts a step
+    as the budget holds), what the decode instances decode and what the links carry."""
     p, o = _mean_lengths(lengths, seed)
     n = scheduler.sequences
     step = model.step_time(0, n, n * (p + o / 2), 0)
     prefill = model.per_prompt_token_s * p + model.per_attention_pair_s * attention_pairs(p, 0)
-    per_request = o * step / n + prefill
-    return scheduler.replicas / per_request
+    if disaggregation is None:
+        per_request = o * step / n + prefill
+        return scheduler.replicas / per_request
+    budget = scheduler.step_tokens
+    together = max(1, min(n, int(budget // max(p, 1))))
+    if together > 1:
+        prefill_step = model.step_time(together * p, together, 0,
+                                       together * attention_pairs(p, 0))
+        reading = disaggregation.prefill_instances * together / prefill_step
+    else:
+        reading = disaggregation.prefill_instances / model.ttft_s(max(1, round(p)), budget)
+    decoding = disaggregation.decode_instances * n / (max(o - 1, 1) * step)
+    sending = disaggregation.prefill_instances / max(disaggregation.transfer_s(p), 1e-12)
+    return min(reading, decoding, sending)
 
 
 def request_alone_s(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix,
-                    seed: int = 0) -> float:
+                    seed: int = 0, disaggregation: Disaggregation | None = None) -> float:
     """Seconds a request of mean lengths takes on an idle server: its prompt's steps, then a
-    step a token at its mean context."""
+    step a token at its mean context (disaggregated: and its KV cache's transfer)."""
     mean_prompt, o = _mean_lengths(lengths, seed)
     p = max(1, round(mean_prompt))
     decode = model.step_time(0, 1, p + o / 2, 0)
-    return model.ttft_s(p, scheduler.step_tokens) + (o - 1) * decode
+    alone = model.ttft_s(p, scheduler.step_tokens) + (o - 1) * decode
+    if disaggregation is not None and o > 1:
+        alone += disaggregation.transfer_s(p)
+    return alone
 
 
 def _mean_lengths(lengths: LengthMix, seed: int) -> tuple[float, float]:
@@ -106,13 +128,14 @@ def saturated(result: SimResult) -> bool:
 
 def max_rate(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix, slo: Slo, *,
              num_requests: int = 2000, seed: int = 0, shared_prefix: SharedPrefix | None = None,
-             burstiness: float = 1.0) -> CapacityPoint:
+             burstiness: float = 1.0, disaggregation: Disaggregation | None = None
+             ) -> CapacityPoint:
     """The highest open-loop rate (requests a second) whose latencies meet ``slo``, to 1 %."""
     if num_requests < 1:
         raise InputError(f"the capacity search needs at least 1 request, got {num_requests}")
     runs, run = _open_loop_runs(model, scheduler, lengths, num_requests, seed, shared_prefix,
-                                burstiness)
-    guess = estimate_rate(model, scheduler, lengths, seed)
+                                burstiness, disaggregation)
+    guess = estimate_rate(model, scheduler, lengths, seed, disaggregation)
     floor = guess * FLOOR_SHARE
     lightest = run(floor)
     if not slo.met(lightest):
@@ -184,7 +207,8 @@ def _saturation(runs: dict[float, SimResult], run: Callable[[float], SimResult]
 def max_users(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix, slo: Slo, *,
               think_s: float = 0.0, num_requests: int = 2000, seed: int = 0,
               shared_prefix: SharedPrefix | None = None,
-              stagger_s: float | None = None) -> CapacityPoint:
+              stagger_s: float | None = None,
+              disaggregation: Disaggregation | None = None) -> CapacityPoint:
     """The most closed-loop users (each sending its next request ``think_s`` after its last
     one ended) whose latencies meet ``slo``. More users than requests add nothing: the search
     stops at ``num_requests``. Users start spread over ``stagger_s`` (default: the time of one
@@ -192,14 +216,14 @@ def max_users(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix, 
     if num_requests < 1:
         raise InputError(f"the capacity search needs at least 1 request, got {num_requests}")
     runs: dict[int, SimResult] = {}
-    stagger = request_alone_s(model, scheduler, lengths, seed) if stagger_s is None \
-        else stagger_s
+    stagger = request_alone_s(model, scheduler, lengths, seed, disaggregation) \
+        if stagger_s is None else stagger_s
 
     def run(users: int) -> SimResult:
         if users not in runs:
             demand = closed_loop(num_requests, users, lengths, think_s=think_s, seed=seed,
                                  shared_prefix=shared_prefix, stagger_s=stagger)
-            runs[users] = simulate(demand, model, scheduler)
+            runs[users] = simulate(demand, model, scheduler, disaggregation=disaggregation)
         return runs[users]
 
     alone = run(1)
@@ -237,17 +261,19 @@ def _unreachable(slo: Slo, result: SimResult, lead: str) -> str:
 
 def saturation_rate(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix, *,
                     num_requests: int = 2000, seed: int = 0,
-                    shared_prefix: SharedPrefix | None = None) -> float | None:
+                    shared_prefix: SharedPrefix | None = None,
+                    disaggregation: Disaggregation | None = None) -> float | None:
     """The open-loop rate, to 1 %, where the setup stops keeping up (``None``: not within
     reach), whatever the latencies."""
-    runs, run = _open_loop_runs(model, scheduler, lengths, num_requests, seed, shared_prefix)
-    run(estimate_rate(model, scheduler, lengths, seed))
+    runs, run = _open_loop_runs(model, scheduler, lengths, num_requests, seed, shared_prefix,
+                                disaggregation=disaggregation)
+    run(estimate_rate(model, scheduler, lengths, seed, disaggregation))
     return _saturation(runs, run)
 
 
 def _open_loop_runs(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix,
                     num_requests: int, seed: int, shared_prefix: SharedPrefix | None,
-                    burstiness: float = 1.0
+                    burstiness: float = 1.0, disaggregation: Disaggregation | None = None
                     ) -> tuple[dict[float, SimResult], Callable[[float], SimResult]]:
     """The simulations of a search by rate, each made once: the results so far, by rate, and
     the function that gives (and keeps) the one at a rate."""
@@ -257,7 +283,7 @@ def _open_loop_runs(model: StepModel, scheduler: SchedulerConfig, lengths: Lengt
         if rate not in runs:
             demand = open_loop(num_requests, rate, lengths, burstiness=burstiness, seed=seed,
                                shared_prefix=shared_prefix)
-            runs[rate] = simulate(demand, model, scheduler)
+            runs[rate] = simulate(demand, model, scheduler, disaggregation=disaggregation)
         return runs[rate]
 
     return runs, run

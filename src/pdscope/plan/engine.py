@@ -17,6 +17,13 @@ in closed form, so the step where the request is admitted is known). One step at
 The decoding sequences are kept as sums, so that a step costs the same whatever the batch: their
 count, the sum of ``prompt + base`` (a sequence's context in a step is ``prompt + base + D`` where
 ``D`` counts the decode steps so far) and a heap of the value of ``D`` at which each finishes.
+
+Disaggregated (:mod:`pdscope.plan.disaggregation`), an engine is a prefill instance
+(``hands_off``: a request leaves it with its first token, its KV cache handed to the link) or a
+decode instance, to which requests come with their prompt's KV cache (:meth:`Engine.receive`):
+admitted, such a request joins the decoding sequences at once, without a prompt chunk. The step
+it joins in is a step of its own (never part of a run), and its gap for the request runs from
+the request's first token.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ class Stats:
         self.waiting = 0
         self.max_waiting = 0
         self.finished: list[tuple[int, float]] = []  # (request, time), in finishing order
+        self.handed_off: list[tuple[int, float]] = []  # disaggregated: (request, first token)
 
 
 class Engine:
@@ -78,14 +86,28 @@ class Engine:
         self.end_s = 0.0
         self.sequences = 0
         self.chunks: list[tuple[int, int]] = []  # (request, prompt tokens) computed in the step
+        # Disaggregation: a prefill instance hands each request off at its first token; a
+        # decode instance receives requests whose prompt's KV cache came over the link.
+        self.hands_off = False
+        self.with_kv: set[int] = set()  # waiting here with their prompt's KV cache
+        self.joining: list[int] = []  # joined the decoding sequences in the step in flight
 
     # ---------------------------------------------------------------- what the router calls
 
     def arrive(self, r: int, t: float) -> bool:
         """Request ``r`` joins this replica's queue at ``t``; ``True`` when that cut the run in
         flight short (its end moved earlier)."""
-        self.waiting.append(r)
         self.unfinished += 1
+        return self._enqueue(r, t)
+
+    def receive(self, r: int, t: float) -> bool:
+        """Request ``r``'s prompt's KV cache arrives at ``t`` (``r`` was counted among this
+        instance's unfinished requests when the transfer began); as :meth:`arrive`."""
+        self.with_kv.add(r)
+        return self._enqueue(r, t)
+
+    def _enqueue(self, r: int, t: float) -> bool:
+        self.waiting.append(r)
         stats = self.stats
         stats.waiting += 1
         if stats.waiting > stats.max_waiting:
@@ -114,7 +136,7 @@ class Engine:
         self.first_step_s = d
         self.sequences = sequences
         k = 1
-        if self.fast and not self.chunks and not preempted:
+        if self.fast and not self.chunks and not preempted and not self.joining:
             k = self._run_length()
         self.growth_s = self.context_s * decoding
         self.steps = k
@@ -136,6 +158,13 @@ class Engine:
         busy = t - self.start_s
         stats.busy_s += busy
         stats.sequence_s += self.sequences * busy
+        joining = self.joining
+        if joining:
+            # Their gap runs from their first token, on the prefill instance.
+            for r in joining:
+                ledger.gaps.append(t - ledger.last_token[r])
+            decoding -= len(joining)
+            joining.clear()
         if decoding:
             stats.run_first_s.append(self.first_step_s)
             stats.run_growth_s.append(self.growth_s)
@@ -223,6 +252,8 @@ class Engine:
             g = generated[r] = g + 1
             if g >= ledger.output[r]:
                 self._finish(r, t, c)
+            elif self.hands_off:
+                self._hand_off(r, t, c)
             else:
                 self._join_decoding(r, g, counter)
 
@@ -232,6 +263,21 @@ class Engine:
         self.unfinished -= 1
         self._release(r, kv_tokens)
         self.stats.finished.append((r, t))
+
+    def _hand_off(self, r: int, t: float, kv_tokens: int) -> None:
+        """A prefill instance is done with ``r``: its KV cache leaves for the link."""
+        self.unfinished -= 1
+        self._release(r, kv_tokens)
+        self.ledger.last_token[r] = t
+        self.stats.handed_off.append((r, t))
+
+    def _join_with_kv(self, r: int) -> None:
+        """``r``, received with its prompt's KV cache and its first token, decodes from this
+        step on."""
+        self.with_kv.discard(r)
+        self.ledger.computed[r] = self.ledger.prompt[r]
+        self._join_decoding(r, 1, self.counter)
+        self.joining.append(r)
 
     def _admitted(self) -> None:
         self.stats.waiting -= 1
@@ -331,8 +377,22 @@ class BudgetEngine(Engine):
         running = self.running
         waiting = self.waiting
         limited = self.limited
+        with_kv = self.with_kv
         while waiting and left > 0 and len(running) < self.max_sequences:
             r = waiting[0]
+            if with_kv and r in with_kv:
+                # Its prompt's blocks and its first token's: the KV cache it came with.
+                need = -(-(ledger.prompt[r] + 1) // block)
+                if limited and need > pool.free():
+                    break
+                waiting.popleft()
+                self._admitted()
+                if limited:
+                    pool.take(need)
+                running[r] = None
+                self._join_with_kv(r)
+                left -= 1
+                continue
             g = ledger.group[r]
             hit = cost = 0
             if g >= 0 and self.caching and pool.is_cached(g):
@@ -534,9 +594,18 @@ class SlotsEngine(Engine):
     def _compose(self, t: float) -> tuple[int, float, bool]:
         ledger = self.ledger
         waiting = self.waiting
+        with_kv = self.with_kv
         while waiting and self.free_slots:
             r = waiting.popleft()
             self._admitted()
+            if with_kv and r in with_kv:
+                s = self._pick_slot(-1)
+                self.occupant[s] = r
+                self.slot_group[s] = -1
+                self.free_slots -= 1
+                self.slot_of[r] = s
+                self._join_with_kv(r)
+                continue
             g = ledger.group[r]
             s = self._pick_slot(g)
             cached = ledger.prefix[r] if g >= 0 and self.caching and self.slot_group[s] == g \

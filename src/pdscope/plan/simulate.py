@@ -6,9 +6,15 @@ Each replica is an :class:`~pdscope.plan.engine.Engine` under the policy of the
 replica with the fewest unfinished requests (ties to the first). A closed loop's users send
 their next request a think time after their last one ended.
 
-Events at the same instant go in one order: steps that end, then arrivals, then steps that
-start — so a request that arrives when a step ends is in the next step, and a request that
-finishes frees its place before the router counts.
+Disaggregated (a :class:`~pdscope.plan.disaggregation.Disaggregation`), the engines are prefill
+instances, to which the router sends arrivals, and decode instances, to which each prompt's KV
+cache is sent when the prefill instance hands it off: the transfer's end is one more kind of
+event, an arrival at the decode instance.
+
+Events at the same instant go in one order: steps that end (and the transfers they begin),
+then arrivals (and transfers that end), then steps that start — so a request that arrives when
+a step ends is in the next step, and a request that finishes frees its place before the router
+counts.
 
 Two modes give the same answer: ``exact`` takes one engine step at a time; ``fast`` takes the
 decode steps between two events as one run in closed form (:mod:`pdscope.plan.engine`), which is
@@ -17,8 +23,9 @@ what makes a hundred thousand requests a matter of seconds.
 What a result keeps: per-request times and counts, and the inter-token gaps in compact form —
 each decode run's first step duration, its growth a step, its steps and the sequences decoding
 in it (each of them got a token every step, one gap a step), plus the gaps that are not a step
-(a preempted request's wait for its recomputation). ITL percentiles weigh each step's duration
-by the sequences that decoded in it.
+(a preempted request's wait for its recomputation; disaggregated, a request's first gap on its
+decode instance, which holds its KV cache's transfer). ITL percentiles weigh each step's
+duration by the sequences that decoded in it.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import numpy as np
 
 from pdscope.errors import InputError
 from pdscope.plan.demand import Demand
+from pdscope.plan.disaggregation import Disaggregation
 from pdscope.plan.engine import BudgetEngine, Engine, SlotsEngine, Stats
 from pdscope.plan.ledger import Ledger
 from pdscope.plan.scheduler import SchedulerConfig
@@ -94,6 +102,10 @@ class SimResult:
     mode: str
     sim_wall_s: float
     label: str = ""
+    # Disaggregated: each request's decode instance (-1: none; ``replica`` is its prefill
+    # instance) and when its KV cache reached it (``nan``: never sent).
+    decode_instance: np.ndarray | None = None
+    kv_arrival_s: np.ndarray | None = None
 
     @property
     def completed(self) -> int:
@@ -109,6 +121,15 @@ class SimResult:
     def e2e_s(self) -> np.ndarray:
         e2e = self.finish_s - self.arrival_s
         return e2e[~np.isnan(e2e)]
+
+    @property
+    def kv_transfer_s(self) -> np.ndarray:
+        """Disaggregated: each sent request's time from its first token to its KV cache's
+        arrival at the decode instance (the link's queue and the transfer); empty else."""
+        if self.kv_arrival_s is None:
+            return np.zeros(0)
+        wait = self.kv_arrival_s - self.first_token_s
+        return wait[~np.isnan(wait)]
 
     @property
     def tpot_s(self) -> np.ndarray:
@@ -182,6 +203,11 @@ class SimResult:
         out["mean_running"] = self.mean_running
         out["duration_s"] = duration
         out["sim_wall_s"] = self.sim_wall_s
+        if self.kv_arrival_s is not None:
+            sent = self.kv_transfer_s
+            for q in (50, 99):
+                out[f"kv_transfer_p{q}_s"] = (float(np.percentile(sent, q, method="inverted_cdf"))
+                                              if len(sent) else None)
         return out
 
 
@@ -257,13 +283,16 @@ class Slo:
 
 
 def simulate(demand: Demand, model: StepModel, scheduler: SchedulerConfig, *,
-             mode: Literal["fast", "exact"] = "fast", max_sim_s: float | None = None
-             ) -> SimResult:
+             mode: Literal["fast", "exact"] = "fast", max_sim_s: float | None = None,
+             disaggregation: Disaggregation | None = None) -> SimResult:
     """Serve ``demand`` with ``scheduler.replicas`` servers whose steps take ``model``'s time.
 
     ``max_sim_s`` stops the simulation at that simulated time (requests not finished by then
     keep ``nan`` times); without it, every request is served. ``mode`` is ``fast`` (decode runs
-    in closed form) or ``exact`` (one step at a time); both give the same result."""
+    in closed form) or ``exact`` (one step at a time); both give the same result.
+
+    ``disaggregation``: serve with that many prefill and decode instances of the server instead
+    (``scheduler.replicas`` must then be 1), the KV cache sent between them over its link."""
     if mode not in ("fast", "exact"):
         raise InputError(f"the simulation mode must be fast or exact, got {mode!r}")
     if max_sim_s is not None and not (max_sim_s > 0):
@@ -272,10 +301,14 @@ def simulate(demand: Demand, model: StepModel, scheduler: SchedulerConfig, *,
     if model.base_s + model.per_sequence_s <= 0:
         raise InputError("the step model gives a step no fixed time (its base and its cost a"
                          " sequence are both 0): a simulation would never advance")
+    if disaggregation is not None and scheduler.replicas != 1:
+        raise InputError(f"a disaggregated setup counts its own instances"
+                         f" ({disaggregation.label}): replicas must be 1, got"
+                         f" {scheduler.replicas}")
     _check_fits(demand, scheduler)
     began = time.perf_counter()
     run = _Run(demand, model, scheduler, mode == "fast",
-               math.inf if max_sim_s is None else float(max_sim_s))
+               math.inf if max_sim_s is None else float(max_sim_s), disaggregation)
     run.run()
     return run.result(time.perf_counter() - began, mode)
 
@@ -304,16 +337,35 @@ class _Run:
     scheduler: SchedulerConfig
     fast: bool
     limit_s: float
+    disaggregation: Disaggregation | None = None
     ledger: Ledger = field(init=False)
     stats: Stats = field(init=False)
     engines: list[Engine] = field(init=False)
+    # Where arrivals go, and (disaggregated) where the KV caches go: engine indices.
+    front: list[int] = field(init=False)
+    back: list[int] = field(init=False)
+    decode_instance: list[int] = field(init=False)
+    kv_arrival: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.demand)
         self.stats = Stats()
         kind = BudgetEngine if self.scheduler.policy == "budget" else SlotsEngine
+        split = self.disaggregation
+        count = (self.scheduler.replicas if split is None
+                 else split.prefill_instances + split.decode_instances)
         self.engines = [kind(i, self.ledger, self.model, self.scheduler, self.stats, self.fast)
-                        for i in range(self.scheduler.replicas)]
+                        for i in range(count)]
+        if split is None:
+            self.front, self.back = list(range(count)), []
+        else:
+            self.front = list(range(split.prefill_instances))
+            self.back = list(range(split.prefill_instances, count))
+            for i in self.front:
+                self.engines[i].hands_off = True
+        n = self.ledger.n
+        self.decode_instance = [-1] * n
+        self.kv_arrival = [math.nan] * n
 
     def run(self) -> None:
         ledger, stats, engines = self.ledger, self.stats, self.engines
@@ -338,8 +390,15 @@ class _Run:
             order = np.argsort(np.asarray(arrival), kind="stable").tolist()
         next_open = 0
         finished = stats.finished
+        handed = stats.handed_off
         heap: list[tuple[float, int, int]] = []  # (step end, replica, version)
-        replicas = len(engines)
+        front, back = self.front, self.back
+        replicas = len(front)
+        # Disaggregated: KV caches on their way, (arrival at the decode instance, request), and
+        # when each prefill instance's link is free.
+        transfers: list[tuple[float, int]] = []
+        link_free = [0.0] * replicas
+        split = self.disaggregation
         inf = math.inf
         while True:
             te = heap[0][0] if heap else inf
@@ -347,7 +406,9 @@ class _Run:
                 ta = pending[0][0] if pending else inf
             else:
                 ta = arrival[order[next_open]] if next_open < n else inf
-            now = te if te <= ta else ta
+            if ta > te:
+                ta = te
+            now = transfers[0][0] if transfers and transfers[0][0] < ta else ta
             if now == inf or now > limit:
                 break
             starts: list[int] = []
@@ -358,6 +419,11 @@ class _Run:
                     continue
                 engine.complete()
                 starts.append(i)
+            if handed:
+                assert split is not None
+                for r, t in handed:
+                    self._send(r, t, split, link_free, transfers)
+                handed.clear()
             if finished:
                 if closed:
                     for _, t in finished:
@@ -378,11 +444,20 @@ class _Run:
                     r = order[next_open]
                     t = arrival[r]
                     next_open += 1
-                i = 0 if replicas == 1 else min(range(replicas),
-                                                key=lambda j: engines[j].unfinished)
+                i = 0 if replicas == 1 else min(front, key=lambda j: engines[j].unfinished)
                 ledger.replica[r] = i
                 engine = engines[i]
                 if engine.arrive(r, t):
+                    heapq.heappush(heap, (engine.end_s, i, engine.version))
+                elif not engine.busy and i not in starts:
+                    starts.append(i)
+            # KV caches that reached their decode instance by now.
+            while transfers and transfers[0][0] <= now:
+                t, r = heapq.heappop(transfers)
+                self.kv_arrival[r] = t
+                i = back[self.decode_instance[r]]
+                engine = engines[i]
+                if engine.receive(r, t):
                     heapq.heappush(heap, (engine.end_s, i, engine.version))
                 elif not engine.busy and i not in starts:
                     starts.append(i)
@@ -393,6 +468,20 @@ class _Run:
                 end = engine.start(now, limit)
                 if end is not None:
                     heapq.heappush(heap, (end, i, engine.version))
+
+    def _send(self, r: int, t: float, split: Disaggregation, link_free: list[float],
+              transfers: list[tuple[float, int]]) -> None:
+        """``r``'s first token came out at ``t`` on its prefill instance: its KV cache goes,
+        after those before it on that instance's link, to the decode instance with the fewest
+        unfinished requests (counted from now on)."""
+        engines = self.engines
+        j = min(range(len(self.back)), key=lambda k: engines[self.back[k]].unfinished)
+        engines[self.back[j]].unfinished += 1
+        self.decode_instance[r] = j
+        p = self.ledger.replica[r]
+        begin = link_free[p] if link_free[p] > t else t
+        end = link_free[p] = begin + split.transfer_s(self.ledger.prompt[r])
+        heapq.heappush(transfers, (end, r))
 
     def result(self, wall_s: float, mode: str) -> SimResult:
         ledger, stats = self.ledger, self.stats
@@ -418,4 +507,8 @@ class _Run:
             mode=mode,
             sim_wall_s=wall_s,
             label=self.demand.label,
+            decode_instance=(None if self.disaggregation is None
+                             else np.array(self.decode_instance, dtype=np.int64)),
+            kv_arrival_s=(None if self.disaggregation is None
+                          else np.array(self.kv_arrival, dtype=float)),
         )

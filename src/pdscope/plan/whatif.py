@@ -1,12 +1,14 @@
 """What-if: one change at a time to a calibrated server, and what it does to the users it holds.
 
 Each :class:`Change` is the calibrated server with one thing different: a scheduler setting (the
-token budget a step, the sequences at once, prefix caching, replicas behind a router), or the
-hardware or the weights' precision. A scheduler change is simulated as it is; a hardware or
-precision change moves the step-time model by the roofline's ratios
-(:meth:`~pdscope.plan.stepmodel.StepModel.scaled`) and is marked an extrapolation: the fitted
-model's software overheads do not shrink with a faster chip, so such rows are a bound on what
-the change can do rather than a measurement-backed prediction.
+token budget a step, the sequences at once, prefix caching, replicas behind a router), prefill/
+decode disaggregation (:mod:`~pdscope.plan.disaggregation`: 1P:1D and 1P:3D, the KV cache sent
+over a link), or the hardware or the weights' precision. Replicas and disaggregation use more
+devices than the server as calibrated, and their rows say how many. A scheduler change or a
+disaggregation is simulated as it is; a hardware or precision change moves the step-time model
+by the roofline's ratios (:meth:`~pdscope.plan.stepmodel.StepModel.scaled`) and is marked an
+extrapolation: the fitted model's software overheads do not shrink with a faster chip, so such
+rows are a bound on what the change can do rather than a measurement-backed prediction.
 
 For each change, :func:`what_if` gives the most closed-loop users that meet the SLO and the TTFT
 and ITL p99 at the load the server holds today (the baseline's users), so that rows can be read
@@ -24,6 +26,7 @@ from pdscope.errors import InputError
 from pdscope.hardware import DeviceSpec, find_device
 from pdscope.plan.capacity import SloUnreachable, max_users, request_alone_s
 from pdscope.plan.demand import LengthMix, SharedPrefix, closed_loop
+from pdscope.plan.disaggregation import DEFAULT_LINK_GB_S, Disaggregation
 from pdscope.plan.scheduler import SchedulerConfig
 from pdscope.plan.simulate import Slo, simulate
 from pdscope.plan.stepmodel import StepModel
@@ -34,6 +37,9 @@ DEVICES = ("h100-sxm", "a100-80gb-sxm", "l40s", "rtx-4090")
 BUDGETS = (256, 512, 2048, 8192)
 REPLICAS = (2, 4)
 WEIGHT_BITS = (8, 4)
+# Prefill and decode instances: as many devices as the two replica rows, one prefill instance
+# for one decode instance and for three (decode holds a request far longer than prefill does).
+SPLITS = ((1, 1), (1, 3))
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,14 @@ class Change:
     model: StepModel
     scheduler: SchedulerConfig
     extrapolation: str | None = None
+    disaggregation: Disaggregation | None = None
+
+    @property
+    def devices(self) -> int:
+        """Instances of the server the change runs: replicas, or prefill and decode ones."""
+        if self.disaggregation is not None:
+            return self.disaggregation.devices
+        return self.scheduler.replicas
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,9 @@ class WhatIfRow:
             "change": self.change.label, "users": self.users, "binding": self.binding,
             "ttft_p99_s": self.ttft_p99_s, "itl_p99_s": self.itl_p99_s,
             "extrapolation": self.change.extrapolation, "note": self.note,
+            "devices": self.change.devices,
+            "disaggregation": (None if self.change.disaggregation is None
+                               else self.change.disaggregation.to_json()),
             "scheduler": self.change.scheduler.to_json(),
         }
 
@@ -92,6 +109,24 @@ def scheduler_changes(base: SchedulerConfig) -> list[tuple[str, SchedulerConfig]
     for n in REPLICAS:
         out.append((f"{n * base.replicas} replicas", replace(base, replicas=n * base.replicas)))
     return out
+
+
+def disaggregation_changes(model: StepModel, scheduler: SchedulerConfig,
+                           kv_bytes_per_token: float | None,
+                           link_gb_s: float = DEFAULT_LINK_GB_S) -> tuple[list[Change], list[str]]:
+    """The server split into prefill and decode instances (:data:`SPLITS`), the KV cache sent
+    over a link of ``link_gb_s`` GB/s at ``kv_bytes_per_token``; a note instead when the KV
+    bytes a token are not known."""
+    if not kv_bytes_per_token:
+        return [], ["no disaggregation: the KV cache's bytes a token are not known (the"
+                    " calibration has no model geometry)"]
+    single = replace(scheduler, replicas=1)
+    out = []
+    for p, d in SPLITS:
+        split = Disaggregation(p, d, link_gb_s, kv_bytes_per_token)
+        out.append(Change(f"{split.label} disaggregated, KV over {link_gb_s:g} GB/s"
+                          f" ({split.devices} devices)", model, single, None, split))
+    return out, []
 
 
 def hardware_changes(model: StepModel, hardware: Mapping[str, Any],
@@ -148,13 +183,22 @@ def _device_words(spec: DeviceSpec, bandwidth_ratio: float, flops_ratio: float) 
 
 def standard_changes(model: StepModel, scheduler: SchedulerConfig,
                      hardware: Mapping[str, Any] | None = None,
-                     devices: Sequence[str] = DEVICES) -> tuple[list[Change], list[str]]:
-    """The baseline (first) and every change worth trying; notes for those left out."""
+                     devices: Sequence[str] = DEVICES, *,
+                     link_gb_s: float = DEFAULT_LINK_GB_S,
+                     kv_bytes_per_token: float | None = None) -> tuple[list[Change], list[str]]:
+    """The baseline (first) and every change worth trying; notes for those left out.
+
+    ``kv_bytes_per_token`` (default: ``hardware``'s, which a calibration writes from the
+    model's geometry) and ``link_gb_s`` set the disaggregated rows' transfers."""
+    hardware = hardware or {}
     changes = [Change("as calibrated", model, scheduler)]
     changes += [Change(label, model, s) for label, s in scheduler_changes(scheduler)]
-    moved, notes = hardware_changes(model, hardware or {}, devices)
+    kv = kv_bytes_per_token or hardware.get("kv_bytes_per_token")
+    split, notes = disaggregation_changes(model, scheduler, kv, link_gb_s)
+    changes += split
+    moved, more = hardware_changes(model, hardware, devices)
     changes += [replace(c, scheduler=scheduler) for c in moved]
-    return changes, notes
+    return changes, notes + more
 
 
 def what_if(changes: Sequence[Change], lengths: LengthMix, slo: Slo, *, think_s: float = 0.0,
@@ -168,12 +212,13 @@ def what_if(changes: Sequence[Change], lengths: LengthMix, slo: Slo, *, think_s:
              for c in changes]
     users_today = found[0][0] or 1
     base = changes[0]
-    stagger = request_alone_s(base.model, base.scheduler, lengths, seed)
+    stagger = request_alone_s(base.model, base.scheduler, lengths, seed, base.disaggregation)
     rows = []
     for change, (users, binding, note) in zip(changes, found, strict=True):
         demand = closed_loop(num_requests, users_today, lengths, think_s=think_s, seed=seed,
                              shared_prefix=shared_prefix, stagger_s=stagger)
-        summary = simulate(demand, change.model, change.scheduler).summary()
+        summary = simulate(demand, change.model, change.scheduler,
+                           disaggregation=change.disaggregation).summary()
         rows.append(WhatIfRow(change, users, binding, _finite(summary["ttft_p99_s"]),
                               _finite(summary["itl_p99_s"]), note))
     return rows
@@ -184,7 +229,8 @@ def _capacity(change: Change, lengths: LengthMix, slo: Slo, think_s: float,
               ) -> tuple[int | None, str | None, str | None]:
     try:
         point = max_users(change.model, change.scheduler, lengths, slo, think_s=think_s,
-                          num_requests=num_requests, seed=seed, shared_prefix=shared_prefix)
+                          num_requests=num_requests, seed=seed, shared_prefix=shared_prefix,
+                          disaggregation=change.disaggregation)
     except SloUnreachable as exc:
         return None, None, str(exc)
     return point.users, point.binding, None

@@ -88,7 +88,7 @@ def render(
     phases: Sequence[PhaseCard],
     findings: Sequence[dict[str, Any]],
     charts: Sequence[Chart],
-    tables: Sequence[tuple[str, Sequence[str], Sequence[Sequence[str]]]] = (),
+    tables: Sequence[Table] = (),
     raw: dict[str, Any] | None = None,
 ) -> str:
     """The whole report. ``findings`` are the rules' JSON (``Finding.to_json()``)."""
@@ -96,10 +96,7 @@ def render(
     clear = [f for f in findings if f["status"] == "clear"]
     missing = [f for f in findings if f["status"] == "insufficient"]
     parts = [
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-        f"<title>{escape(title)}</title><meta name=\"viewport\" content=\"width=device-width\">",
-        f"<style>{_CSS}</style></head><body><main>",
-        f"<h1>{escape(title)}</h1><p class=\"sub\">{escape(subtitle)}</p>",
+        _head(title, subtitle),
         '<h2>The two phases, each beside its ceiling</h2><div class="phases">',
         *(_card(p) for p in phases),
         "</div>",
@@ -108,16 +105,8 @@ def render(
     ]
     if not fired:
         parts.append("<p>Nothing to change was found in what could be measured.</p>")
-    parts.append('<h2>Charts</h2><div class="charts">')
-    parts.extend(f'<div class="chart-box">{chart(c)}</div>' for c in charts)
-    parts.append("</div>")
-    for caption, head, rows in tables:
-        parts.append(f"<h2>{escape(caption)}</h2><table><tr>")
-        parts.extend(f"<th>{escape(h)}</th>" for h in head)
-        parts.append("</tr>")
-        for row in rows:
-            parts.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>")
-        parts.append("</table>")
+    parts.extend(_charts(charts))
+    parts.extend(_tables(tables))
     if clear:
         parts.append(f"<details><summary>Checked and clear ({len(clear)})</summary>")
         parts.extend(_finding(f) for f in clear)
@@ -129,6 +118,43 @@ def render(
     if raw is not None:
         text = json.dumps(raw, indent=2, default=str)
         parts.append(f"<details><summary>Raw numbers</summary><pre>{escape(text)}</pre></details>")
-    parts.append("<p class=\"sub\">Made by pdscope. Definitions: the README's"
-                 " \"Definitions\".</p></main></body></html>")  # fmt: skip
+    parts.append(_FOOT)
+    return "".join(parts)
+
+
+Table = tuple[str, Sequence[str], Sequence[Sequence[str]]]
+_FOOT = ("<p class=\"sub\">Made by pdscope. Definitions: the README's \"Definitions\".</p>"
+         "</main></body></html>")
+
+
+def _head(title: str, subtitle: str) -> str:
+    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{escape(title)}</title><meta name=\"viewport\" content=\"width=device-width\">"
+            f"<style>{_CSS}</style></head><body><main>"
+            f"<h1>{escape(title)}</h1><p class=\"sub\">{escape(subtitle)}</p>")
+
+
+def _charts(charts: Sequence[Chart]) -> list[str]:
+    return ['<h2>Charts</h2><div class="charts">',
+            *(f'<div class="chart-box">{chart(c)}</div>' for c in charts), "</div>"]
+
+
+def _tables(tables: Sequence[Table]) -> list[str]:
+    parts = []
+    for caption, head, rows in tables:
+        parts.append(f"<h2>{escape(caption)}</h2><table><tr>")
+        parts.extend(f"<th>{escape(h)}</th>" for h in head)
+        parts.append("</tr>")
+        for row in rows:
+            parts.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>")
+        parts.append("</table>")
+    return parts
+
+
+def page(*, title: str, subtitle: str, tables: Sequence[Table], charts: Sequence[Chart],
+         notes: Sequence[str] = ()) -> str:
+    """A plain page: tables first, then charts, then notes (``pdscope compare --html``)."""
+    parts = [_head(title, subtitle), *_tables(tables), *_charts(charts)]
+    parts.extend(f'<p class="sub">{escape(n)}</p>' for n in notes)
+    parts.append(_FOOT)
     return "".join(parts)

@@ -30,6 +30,7 @@ import numpy as np
 
 from pdscope.client import Target, Timeouts, new_session
 from pdscope.load.runner import Stage, StageRun, run_stage
+from pdscope.load.workers import LocalPool, run_stage_workers
 from pdscope.paths import cache_root
 from pdscope.selftest.server import ReferenceConfig, run_in_subprocess
 from pdscope.units import NS
@@ -74,6 +75,7 @@ class SelftestResult:
     loop: str
     measured_at: float
     ramp: bool = True
+    workers: int | None = None  # load worker processes; None: the client's own process
 
     @property
     def max_sustained(self) -> int | None:
@@ -92,6 +94,7 @@ class SelftestResult:
             "output_tokens": self.output_tokens,
             "loop": self.loop,
             "ramp": self.ramp,
+            "workers": self.workers,
             "measured_at": self.measured_at,
             "error_limit_ms": ERROR_LIMIT_MS,
             "max_sustained_concurrency": self.max_sustained,
@@ -160,17 +163,34 @@ async def run_selftest(
     ramp: bool = True,
     stop_after_failure: bool = True,
     progress: Callable[[int], None] | None = None,
+    workers: int | None = None,
 ) -> SelftestResult:
     """Closed-loop stages at each concurrency against a reference server in its own process.
 
     Each stream sends ``rounds + 1`` requests; its first (the connection set-up and the burst
-    of a stage's start) is a warm-up, left out."""
+    of a stage's start) is a warm-up, left out. ``workers``: split each stage between this many
+    worker processes (:mod:`pdscope.load.workers`), as ``bench --workers`` does."""
     config = ReferenceConfig(ttft_base_s=ttft_s, ttft_per_token_s=0.0, itl_s=itl_s)
-    prompt = " ".join(["word"] * 16)
-    results: list[LevelResult] = []
     import asyncio
 
     loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    pool = await LocalPool(workers).start() if workers is not None else None
+    try:
+        results = await _levels(levels, config, ttft_s, itl_s, output_tokens, rounds, ramp,
+                                stop_after_failure, progress, pool)
+    finally:
+        if pool is not None:
+            await pool.close()
+    return SelftestResult(itl_s, ttft_s, output_tokens, tuple(results), loop_name, time.time(),
+                          ramp, workers)
+
+
+async def _levels(levels: Sequence[int], config: ReferenceConfig, ttft_s: float, itl_s: float,
+                  output_tokens: int, rounds: int, ramp: bool, stop_after_failure: bool,
+                  progress: Callable[[int], None] | None,
+                  pool: LocalPool | None) -> list[LevelResult]:
+    prompt = " ".join(["word"] * 16)
+    results: list[LevelResult] = []
     with run_in_subprocess(config) as url:
         target = Target(url, model=config.model)
         for c in levels:
@@ -181,23 +201,29 @@ async def run_selftest(
             # arrive: the server then sees a steady rate of new requests, not a wave of c.
             stage = Stage(concurrency=c, num_prompts=c * (rounds + 1), warmup=c,
                           ramp_s=(ttft_s + output_tokens * itl_s) if ramp else 0.0)
-            async with new_session(limit=c + 16) as session:
-                run = await run_stage(session, target, items, stage, timeouts=Timeouts(),
-                                      sink=lambda f: None)
+            if pool is not None:
+                run = await run_stage_workers(pool, target, items, stage, timeouts=Timeouts(),
+                                              sink=lambda f: None)
+            else:
+                async with new_session(limit=c + 16) as session:
+                    run = await run_stage(session, target, items, stage, timeouts=Timeouts(),
+                                          sink=lambda f: None)
             level = analyse(run, config, 16)
             results.append(level)
             if stop_after_failure and not level.sustained and c > 1:
                 break
-    return SelftestResult(itl_s, ttft_s, output_tokens, tuple(results), loop_name, time.time(),
-                          ramp)
+    return results
 
 
-def result_path() -> Path:
-    return cache_root() / "selftest.json"
+def result_path(workers: int | None = None) -> Path:
+    """The saved self-test: the client's own process (what ``bench`` compares its load with),
+    or, apart, one run with worker processes."""
+    name = "selftest.json" if workers is None else f"selftest-workers-{workers}.json"
+    return cache_root() / name
 
 
 def save(result: SelftestResult) -> Path:
-    path = result_path()
+    path = result_path(result.workers)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result.to_json(), indent=2))
     return path

@@ -1,0 +1,112 @@
+"""Interleaved A/B: the same workload on two servers, alternated round by round.
+
+A machine drifts (another job starts, a CPU warms, a cache fills): runs of A first and of B
+afterwards put that drift on one side only. Here round 1 runs A then B, round 2 B then A, and
+so on (ABBA), so that a steady drift falls on both sides equally; both servers get the same
+prompts in a round and new prompts in the next (a prefix cache never sees a round's prompts
+twice). Each round is an ordinary run folder (``a/round-01``, ``b/round-01``, ...), and the
+comparison reads the two folders of rounds (:func:`pdscope.compare.compare`).
+
+The workload is a load level (``pdscope bench``: a rate or a concurrency) or a probe (one
+request at a time, ``pdscope probe``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from pdscope.client.options import ClientOptions, at_least
+from pdscope.errors import InputError, RunError
+from pdscope.experiments.probe import ProbeConfig, run_probe
+from pdscope.load import BenchConfig, Stage, Workload, run_bench
+from pdscope.workload.datasets import Lengths
+
+WORKLOADS = ("load", "probe")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AbConfig(ClientOptions):
+    """``rounds`` of the ``workload`` on each side. A load: ``num_prompts`` requests of
+    ``input_len``/``output_len`` tokens at ``request_rate`` (open loop) or ``concurrency``
+    (closed loop). A probe: ``runs`` requests one at a time. ``seed``: the prompts of round
+    ``i`` come from ``seed * 100 + i`` (the same on both sides)."""
+
+    rounds: int = 4
+    workload: str = "load"
+    input_len: int = 512
+    output_len: int = 64
+    request_rate: float | None = None
+    concurrency: int | None = 4
+    num_prompts: int = 32
+    runs: int = 5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self.rounds, 2, "rounds")
+        if self.workload not in WORKLOADS:
+            raise InputError(f"unknown workload {self.workload!r}: use {' or '.join(WORKLOADS)}")
+        at_least(self.input_len, 1, "input_len")
+        at_least(self.output_len, 2, "output_len")
+        at_least(self.num_prompts, 2, "num_prompts")
+        at_least(self.runs, 2, "runs")
+        if self.workload == "load" and (self.request_rate is None) == (self.concurrency is None):
+            raise InputError("a load workload takes either request_rate or concurrency")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise InputError(f"request_rate must be above 0, got {self.request_rate:g}")
+        if self.concurrency is not None:
+            at_least(self.concurrency, 1, "concurrency")
+
+    def round_seed(self, i: int) -> int:
+        return (self.seed or 1) * 100 + i
+
+
+def order(rounds: int) -> list[tuple[int, str]]:
+    """(round, side) in the order they run: A B, B A, A B, ..."""
+    out = []
+    for i in range(1, rounds + 1):
+        out += [(i, "a"), (i, "b")] if i % 2 else [(i, "b"), (i, "a")]
+    return out
+
+
+def client_fields(options: ClientOptions) -> dict[str, Any]:
+    """The client options a config embeds, as keyword arguments for another config."""
+    return {f.name: getattr(options, f.name) for f in fields(ClientOptions)}
+
+
+async def _one(url: str, config: AbConfig, i: int, folder: Path) -> None:
+    seed = config.round_seed(i)
+    client = client_fields(config) | {"seed": seed}
+    if config.workload == "probe":
+        probe = ProbeConfig(**client, prompt_tokens=config.input_len,
+                            max_tokens=config.output_len, runs=config.runs)
+        measured = await run_probe(url, probe)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.with_suffix(".json").write_text(json.dumps(measured.to_json(), indent=2))
+        return
+    stage = Stage(request_rate=config.request_rate, concurrency=config.concurrency,
+                  num_prompts=config.num_prompts, seed=seed)
+    workload = Workload(input_len=Lengths("fixed", config.input_len),
+                        output_len=Lengths("fixed", config.output_len))
+    bench = BenchConfig(**client, record_metrics=False)
+    result = await run_bench(url, bench, [stage], workload, folder)
+    failure = result.failure()
+    if failure:
+        raise RunError(f"round {i} on {url}: {failure}")
+
+
+async def run_ab(url_a: str, url_b: str, config: AbConfig, folder: str | Path, *,
+                 progress: Callable[[str, int, int], None] | None = None) -> tuple[Path, Path]:
+    """Run the rounds, ABBA, into ``folder/a`` and ``folder/b``; returns those two folders.
+    ``progress(label, done, total)`` after each run."""
+    root = Path(folder)
+    steps = order(config.rounds)
+    for done, (i, side) in enumerate(steps, start=1):
+        url = url_a if side == "a" else url_b
+        await _one(url, config, i, root / side / f"round-{i:02d}")
+        if progress is not None:
+            progress(f"round {i}, {side.upper()}", done, len(steps))
+    return root / "a", root / "b"

@@ -1,0 +1,60 @@
+"""pdscope ab on the lab's vLLM: the default server against one with a 256-token step budget
+(chunked prefill in small chunks). The article's trade, found significant by the comparison:
+the decoding streams stall for less (ITL p99 better), a long prompt's own first token comes
+later (TTFT worse, one request at a time); and the same server against itself is ``~``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdscope import lab
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def small_budget(lab_state: Path) -> Iterator[lab.LabServer]:
+    with lab.running("vllm", port=0, extra_args=["--max-num-batched-tokens", "256"]) as server:
+        yield server
+
+
+def ab(url_a: str, url_b: str, out: Path, *extra: str) -> dict[str, dict[str, Any]]:
+    r = subprocess.run([sys.executable, "-m", "pdscope", "ab", url_a, url_b, "--input-len",
+                        "1024", "--rounds", "4", "--out", str(out), "--json", *extra],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return {row["metric"]: row for row in json.loads(r.stdout)["rows"]}
+
+
+def test_a_small_budget_trades_ttft_for_itl(vllm_server: lab.LabServer,
+                                            small_budget: lab.LabServer,
+                                            tmp_path: Path) -> None:
+    # Two users, short answers: while one stream decodes, the other's 1,024-token prompt is
+    # computed in one step (default budget, 2,048) or in four (256): a gap of a whole
+    # prompt's step, or of a quarter of it, in the decoding stream.
+    load = ab(vllm_server.url, small_budget.url, tmp_path / "load", "--concurrency", "2",
+              "--output-len", "16", "--num-prompts", "12")
+    itl = load["itl_p99_s"]
+    assert itl["verdict"] == "better" and itl["significant"], itl
+    assert itl["ci_high_pct"] < -20, itl
+    # One request at a time: nothing to interleave with, the prompt alone takes four steps.
+    probe = ab(vllm_server.url, small_budget.url, tmp_path / "probe", "--workload", "probe",
+               "--runs", "3", "--output-len", "8")
+    ttft = probe["ttft_p50_s"]
+    assert ttft["verdict"] == "worse" and ttft["significant"], ttft
+
+
+def test_the_same_server_against_itself_is_the_same(vllm_server: lab.LabServer,
+                                                    tmp_path: Path) -> None:
+    rows = ab(vllm_server.url, vllm_server.url, tmp_path / "aa", "--workload", "probe",
+              "--runs", "3", "--output-len", "8", "--threshold", "10")
+    assert rows, "no figures compared"
+    changed = {m: (r["delta_pct"], r["p_value"]) for m, r in rows.items() if r["verdict"] != "~"}
+    assert not changed, changed
