@@ -6,7 +6,8 @@ the servers in their own processes:
 
 - **A/A**: pairs of runs against the *same* server (ITL 10 ms). Any verdict other than ``~``
   is a false alarm. Beside it, what a naive Mann-Whitney test (every request or gap counted as
-  independent, no minimum effect) would have said of the same pairs.
+  independent, no minimum effect) would have said of the same pairs. A tail (p99) is tested
+  across runs only, so ``--groups`` more A/A comparisons set 3 runs against 3 (interleaved).
 - **Power**: a run against the ITL-10-ms server, one against an ITL-11-ms one (+10 %): the
   ITL p50, TPOT and decode rate must be called worse every time.
 - **Too small to matter**: ITL 10 ms against 10.1 ms (+1 %): reported as ``~``.
@@ -14,8 +15,8 @@ the servers in their own processes:
 Each run: ``--requests`` requests (default 100) at ``--rate`` a second (open loop, Poisson),
 32 tokens in, 16 out. Usage (from the repository root)::
 
-    .venv/bin/python tools/compare_power.py                 # 200 A/A, 50 + 50 pairs
-    .venv/bin/python tools/compare_power.py --aa 20 --pairs 10   # a quick look
+    .venv/bin/python tools/compare_power.py        # 200 + 20 A/A, 25 + 25 pairs (~15 min)
+    .venv/bin/python tools/compare_power.py --aa 20 --groups 2 --pairs 5   # a quick look
 
 Prints a Markdown table (docs/compare.md keeps it) and writes ``results.json`` in the work
 folder (``runs/compare-power-DATE``).
@@ -64,16 +65,19 @@ def naive_p(a: Side, b: Side, key: str) -> float:
 
 
 async def pairs(url_a: str, url_b: str, n: int, work: Path, tag: str, rate: float,
-                requests: int, seed0: int) -> list[dict[str, Any]]:
+                requests: int, seed0: int, runs: int = 1) -> list[dict[str, Any]]:
     out = []
     for i in range(n):
-        # Alternate which server goes first, as pdscope ab does.
-        first, second = (url_a, url_b) if i % 2 == 0 else (url_b, url_a)
-        sides = {}
-        for url in (first, second):
-            name = "a" if url == url_a and "a" not in sides else "b"
-            sides[name] = await one_run(url, work / f"{tag}-{i}-{name}", seed0 + i, rate,
-                                        requests)
+        got: dict[str, list[Side]] = {"a": [], "b": []}
+        for k in range(runs):
+            # Alternate which server goes first, as pdscope ab does.
+            order = ("a", "b") if (i + k) % 2 == 0 else ("b", "a")
+            for name in order:
+                url = url_a if name == "a" else url_b
+                got[name].append(await one_run(url, work / f"{tag}-{i}-{k}-{name}",
+                                               seed0 + 10 * i + k, rate, requests))
+        sides = {name: Side(name, tuple(r for side in got[name] for r in side.runs))
+                 for name in got}
         c = compare_sides(sides["a"], sides["b"], seed=i)
         verdicts = {r.metric: r.verdict for r in c.rows}
         out.append({"verdicts": verdicts,
@@ -101,12 +105,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.monotonic()
         aa = await pairs(urls["10"], urls["10"], args.aa, work, "aa", args.rate, args.requests,
                          1000)
+        groups = await pairs(urls["10"], urls["10"], args.groups, work, "aa3", args.rate,
+                             args.requests, 3000, runs=3)
         power = await pairs(urls["10"], urls["11"], args.pairs, work, "p10", args.rate,
                             args.requests, 5000)
         small = await pairs(urls["10"], urls["10.1"], args.pairs, work, "p1", args.rate,
                             args.requests, 9000)
         took = time.monotonic() - t0
     by_metric = {m: Counter(r["verdicts"].get(m, "absent") for r in aa) for m in MAIN}
+    by_metric_groups = {m: Counter(r["verdicts"].get(m, "absent") for r in groups)
+                        for m in MAIN}
     return {
         "requests": args.requests, "rate": args.rate, "jitter_s": JITTER_S, "took_s": took,
         "aa": {"n": len(aa),
@@ -115,6 +123,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                "by_metric": {m: dict(c) for m, c in by_metric.items()},
                "naive_alarm": {k: share(aa, lambda r, k=k: r["naive_p"][k] < 0.05)
                                for k in ("ttft", "itl", "tpot")}},
+        "aa_3_runs": {"n": len(groups),
+                      "any_alarm": share(groups, lambda r: any(
+                          v != "~" for k, v in r["verdicts"].items() if k in MAIN)),
+                      "by_metric": {m: dict(c) for m, c in by_metric_groups.items()}},
         "power_10pct": {"n": len(power),
                         "detected": {m: share(power, lambda r, m=m: r["verdicts"].get(m) == "worse")
                                      for m in SHIFTED},
@@ -126,25 +138,31 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                             for m in SHIFTED},
                        "significant_p": {m: share(small, lambda r, m=m: (r["p"][m] or 1) < 0.05)
                                          for m in SHIFTED}},
-        "rows": {"aa": aa, "power": power, "small": small},
+        "rows": {"aa": aa, "aa_3_runs": groups, "power": power, "small": small},
     }
 
 
 def markdown(res: dict[str, Any]) -> str:
-    aa, pw, sm = res["aa"], res["power_10pct"], res["small_1pct"]
-    lines = [f"{aa['n']} A/A pairs, {pw['n']} pairs at +10 %, {sm['n']} at +1 %; each run"
+    aa, pw, sm, g3 = res["aa"], res["power_10pct"], res["small_1pct"], res["aa_3_runs"]
+    lines = [f"{aa['n']} A/A pairs of one run each, {g3['n']} A/A comparisons of 3 runs"
+             f" against 3, {pw['n']} pairs at +10 %, {sm['n']} at +1 %; each run"
              f" {res['requests']} requests at {res['rate']:g}/s ({res['took_s'] / 60:.0f} min"
              " in all).", "",
-             "| figure | A/A: not `~` | +10 % ITL: called worse | +1 % ITL: called `~` |",
-             "|---|---:|---:|---:|"]
+             "| figure | A/A, 1 run a side: not `~` | A/A, 3 runs a side: not `~` |"
+             " +10 % ITL: called worse | +1 % ITL: called `~` |",
+             "|---|---:|---:|---:|---:|"]
+
+    def alarms(c: dict[str, int], n: int) -> str:
+        return f"{100 * sum(v for k, v in c.items() if k not in ('~', 'absent')) / n:.1f}%"
+
     for m in MAIN:
-        c = aa["by_metric"][m]
-        alarms = sum(v for k, v in c.items() if k not in ("~", "absent"))
-        row = [m, f"{100 * alarms / aa['n']:.1f}%"]
+        row = [m, alarms(aa["by_metric"][m], aa["n"]),
+               alarms(g3["by_metric"][m], g3["n"]) if g3["n"] else ""]
         row.append(f"{100 * pw['detected'][m]:.0f}%" if m in SHIFTED else "")
         row.append(f"{100 * sm['reported_as_same'][m]:.0f}%" if m in SHIFTED else "")
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", f"Any figure not `~` in an A/A pair: **{100 * aa['any_alarm']:.1f}%**."
+    lines += ["", f"Any figure not `~` in an A/A pair: **{100 * aa['any_alarm']:.1f}%** with one"
+              f" run a side, **{100 * g3['any_alarm']:.1f}%** with three."
               " A naive Mann-Whitney test on the same pairs (every sample independent, no"
               " minimum effect) finds a difference at p < 0.05 in "
               + ", ".join(f"{k.upper()} {100 * v:.0f}%" for k, v in aa["naive_alarm"].items())
@@ -155,9 +173,12 @@ def markdown(res: dict[str, Any]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--aa", type=int, default=200, help="A/A pairs (default 200)")
-    ap.add_argument("--pairs", type=int, default=50, help="pairs at +10%% and at +1%% (50)")
+    ap.add_argument("--groups", type=int, default=20,
+                    help="A/A comparisons of 3 runs against 3 (default 20)")
+    ap.add_argument("--pairs", type=int, default=25, help="pairs at +10%% and at +1%% (25)")
     ap.add_argument("--requests", type=int, default=100, help="requests a run (default 100)")
-    ap.add_argument("--rate", type=float, default=50.0, help="requests a second (default 50)")
+    ap.add_argument("--rate", type=float, default=100.0,
+                    help="requests a second (default 100)")
     ap.add_argument("--work", type=Path)
     args = ap.parse_args()
     args.work = args.work or Path("runs") / f"compare-power-{time.strftime('%Y%m%d-%H%M%S')}"

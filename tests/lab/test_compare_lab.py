@@ -1,7 +1,9 @@
 """pdscope ab on the lab's vLLM: the default server against one with a 256-token step budget
-(chunked prefill in small chunks). The article's trade, found significant by the comparison:
-the decoding streams stall for less (ITL p99 better), a long prompt's own first token comes
-later (TTFT worse, one request at a time); and the same server against itself is ``~``."""
+(chunked prefill in small chunks). The article's trade, found by the comparison: the decoding
+streams stall for less (ITL p99 better, significant), and pay for it on the tokens between the
+stalls (TPOT worse); the same server against itself is ``~``. The TTFT is not asserted: on this
+lab it came out better under load (−22 % and −33 %, not significant) and from +1 % to +11 % one
+request at a time (docs/compare.md)."""
 
 from __future__ import annotations
 
@@ -33,9 +35,9 @@ def ab(url_a: str, url_b: str, out: Path, *extra: str) -> dict[str, dict[str, An
     return {row["metric"]: row for row in json.loads(r.stdout)["rows"]}
 
 
-def test_a_small_budget_trades_ttft_for_itl(vllm_server: lab.LabServer,
-                                            small_budget: lab.LabServer,
-                                            tmp_path: Path) -> None:
+def test_a_small_budget_trades_the_tokens_for_the_stalls(vllm_server: lab.LabServer,
+                                                       small_budget: lab.LabServer,
+                                                       tmp_path: Path) -> None:
     # Two users, short answers: while one stream decodes, the other's 1,024-token prompt is
     # computed in one step (default budget, 2,048) or in four (256): a gap of a whole
     # prompt's step, or of a quarter of it, in the decoding stream.
@@ -44,17 +46,17 @@ def test_a_small_budget_trades_ttft_for_itl(vllm_server: lab.LabServer,
     itl = load["itl_p99_s"]
     assert itl["verdict"] == "better" and itl["significant"], itl
     assert itl["ci_high_pct"] < -20, itl
-    # One request at a time: nothing to interleave with, the prompt alone takes four steps.
-    probe = ab(vllm_server.url, small_budget.url, tmp_path / "probe", "--workload", "probe",
-               "--runs", "3", "--output-len", "8")
-    ttft = probe["ttft_p50_s"]
-    assert ttft["verdict"] == "worse" and ttft["significant"], ttft
+    # The price: every step now carries a prompt chunk, so the tokens between the stalls
+    # come more slowly (measured +42 % and +46 % in two runs; its interval is wide).
+    tpot = load["tpot_p50_s"]
+    assert tpot["delta_pct"] > 10, tpot
 
 
 def test_the_same_server_against_itself_is_the_same(vllm_server: lab.LabServer,
                                                     tmp_path: Path) -> None:
+    # Its own seed: the prompts of the test above are in this server's prefix cache.
     rows = ab(vllm_server.url, vllm_server.url, tmp_path / "aa", "--workload", "probe",
-              "--runs", "3", "--output-len", "8", "--threshold", "10")
+              "--runs", "3", "--output-len", "8", "--threshold", "10", "--seed", "7")
     assert rows, "no figures compared"
     changed = {m: (r["delta_pct"], r["p_value"]) for m, r in rows.items() if r["verdict"] != "~"}
     assert not changed, changed

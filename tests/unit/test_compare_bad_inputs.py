@@ -94,3 +94,23 @@ def test_bad_input_is_one_line_and_exit_2(argv: tuple[str, ...], words: str,
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("pdscope: "), err
     assert words.lower() in lines[0].lower(), err
+
+
+BENCH_CASES = [
+    ("bench-baseline-not-a-run", ("bench", DOWN, "--concurrency", "1", "--num-prompts", "1",
+                                  "--baseline", "{empty}"), "is not a run"),
+    ("bench-fail-on-alone", ("bench", DOWN, "--concurrency", "1", "--num-prompts", "1",
+                             "--fail-on", "ttft_p99:+10%"), "needs --baseline"),
+    ("bench-baseline-sweep", ("bench", DOWN, "--concurrency", "1,2", "--num-prompts", "1",
+                              "--baseline", "{a}"), "one load level"),
+    ("doctor-baseline-not-a-run", ("doctor", DOWN, "--baseline", "{empty}"),
+     "holds no evidence.json"),
+]
+
+
+@pytest.mark.parametrize("argv, words", [c[1:] for c in BENCH_CASES],
+                         ids=[c[0] for c in BENCH_CASES])
+def test_bad_baseline_is_one_line_and_exit_2(argv: tuple[str, ...], words: str,
+                                             folders: dict[str, str],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    test_bad_input_is_one_line_and_exit_2(argv, words, folders, capsys)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pdscope import cli
-from pdscope.compare import compare, read_side
+from pdscope.compare import compare, read_one, read_side
 from pdscope.compare.render import html, markdown
 from pdscope.errors import InputError
 from pdscope.selftest import ReferenceConfig, run_in_subprocess
@@ -171,3 +171,47 @@ def test_ab_alternates_rounds_and_compares(servers: dict[str, str], tmp_path: Pa
     assert started(out / "a" / "round-01") < started(out / "b" / "round-01")
     assert started(out / "b" / "round-02") < started(out / "a" / "round-02")
     assert (out / "compare.json").is_file()
+
+
+def test_bench_baseline_prints_the_comparison_and_gates(
+        servers: dict[str, str], runs: dict[str, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "new"
+    code = cli.main(["bench", servers["slow"], "--request-rate", "40", "--num-prompts", "40",
+                     "--input-len", "32", "--output-len", "16", "--seed", "5", "--no-metrics",
+                     "--out", str(out), "--baseline", str(runs["fast1"]),
+                     "--fail-on", "itl_p50:+10%"])
+    captured = capsys.readouterr()
+    assert code == 1 and "gate: ITL p50" in captured.err
+    assert "against" in captured.out and "worse" in captured.out
+    data = json.loads((out / "compare.json").read_text())
+    assert {r["metric"]: r["verdict"] for r in data["rows"]}["itl_p50_s"] == "worse"
+
+
+EXAMPLE = Path(__file__).parents[2] / "docs" / "example" / "evidence.json"
+
+
+@pytest.mark.parametrize("name, metric", [("sweep", "prefill_tok_s"),
+                                          ("prefix", "ttft_saved_share"),
+                                          ("interference", "prefill_stall_s"),
+                                          ("context", "decode_tok_s")])
+def test_experiment_files_of_a_real_doctor_run(name: str, metric: str, tmp_path: Path) -> None:
+    """The --out files of the experiments, as the lab's doctor wrote them."""
+    result = json.loads(EXAMPLE.read_text())["experiments"][name]
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps(result))
+    run = read_one(a)
+    assert run.kind == name and run.scalars.get(metric), run.scalars
+    # The same run on both sides: one value a side, so no test, and no change.
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps(result))
+    c = compare(a, b)
+    row = c.row(metric)
+    assert row is not None and row.delta_pct == pytest.approx(0) and row.test is None
+
+
+def test_the_doctor_probe_keeps_its_records_for_compare() -> None:
+    # docs/example was written before the doctor kept them: its phases give the figures.
+    side = read_side(EXAMPLE.parent)
+    assert side.kind == "doctor"
+    assert side.runs[0].scalars["decode_tok_s"] > 0

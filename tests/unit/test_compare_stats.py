@@ -4,10 +4,12 @@ that load brings, power, the minimum effect, Welch's test and the CI gate."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from pdscope.compare import parse_limits
+from pdscope.compare import Run, Side, parse_limits
 from pdscope.compare.comparison import Row
 from pdscope.compare.gate import Limit
 from pdscope.compare.significance import (
@@ -20,6 +22,7 @@ from pdscope.compare.significance import (
     rank_test,
     verdict,
     welch_change,
+    welch_log_change,
 )
 from pdscope.errors import InputError
 
@@ -195,3 +198,39 @@ def test_geomean_turns_every_row_so_that_above_zero_is_better() -> None:
     g = _geomean((faster, more))
     assert g == pytest.approx(10.0)
     assert _geomean(()) is None
+
+
+def _side(label: str, runs: list[np.ndarray]) -> Side:
+    return Side(label, tuple(Run(Path(f"{label}-{i}"), "bench", {}, {"itl": x})
+                             for i, x in enumerate(runs)))
+
+
+def test_a_tail_is_tested_across_runs_only() -> None:
+    from pdscope.compare import compare_sides
+
+    rng = np.random.default_rng(9)
+
+    def runs(scale: float, k: int) -> list[np.ndarray]:
+        return [scale * rng.lognormal(0, 0.2, 2000) for _ in range(k)]
+
+    # One run a side: however different, a p99 gets no test (the run's own pauses).
+    one = compare_sides(_side("a", runs(1.0, 1)), _side("b", runs(2.0, 1)))
+    row = one.row("itl_p99_s")
+    assert row is not None and row.test is None and row.verdict == "~"
+    assert row.delta_pct is not None and row.delta_pct > 50
+    assert any("tested across runs" in n for n in one.notes)
+    # Three runs a side: Welch on the logs of each run's p99.
+    three = compare_sides(_side("a", runs(1.0, 3)), _side("b", runs(2.0, 3)))
+    row = three.row("itl_p99_s")
+    assert row is not None and row.test == "welch-log" and row.verdict == "worse"
+    same = compare_sides(_side("a", runs(1.0, 3)), _side("b", runs(1.0, 3)))
+    row = same.row("itl_p99_s")
+    assert row is not None and row.test == "welch-log" and row.verdict == "~"
+
+
+def test_welch_log_change_of_run_percentiles() -> None:
+    ch = welch_log_change([1.0, 1.1, 0.9], [2.0, 2.2, 1.8], 1.0, 2.0)
+    assert ch.test == "welch-log" and ch.delta_pct == pytest.approx(100)
+    assert ch.p_value is not None and ch.p_value < 0.01
+    assert ch.low_pct is not None and ch.high_pct is not None and 50 < ch.low_pct < 100
+    assert welch_log_change([1.0], [2.0], 1.0, 2.0).p_value is None

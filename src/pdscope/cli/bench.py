@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import signal
 import time
@@ -31,9 +32,12 @@ from pdscope.cli.common import (
     run_async,
     share,
     warn,
+    write_result,
 )
+from pdscope.cli.compare import show as show_comparison
 from pdscope.cli.server_args import add_server_args, client_kwargs
 from pdscope.client import Timeouts
+from pdscope.compare import Limit, Side, compare, parse_limits, read_side, tripped
 from pdscope.errors import InputError
 from pdscope.load.bench import BenchConfig, BenchResult, Workload, run_bench
 from pdscope.load.results import default_run_dir
@@ -53,6 +57,8 @@ EXAMPLES = """
   pdscope bench URL --concurrency 8 --num-prompts 64 --prefix-groups 2 --prefix-tokens 1500
   pdscope bench URL --request-rate inf --num-prompts 32 --max-concurrency 8 --json
   pdscope bench URL --dataset prompts.jsonl --request-rate 1 --num-prompts 100 --out runs/a
+  pdscope bench URL --request-rate 1 --num-prompts 60 --seed 1 --baseline runs/a
+      set beside an earlier run of the same workload (add --fail-on 'itl_p50:+10%' for CI)
   pdscope bench URL --concurrency 1000 --duration 60 --workers auto
       the load split between worker processes, one per core (less the server's when local)
   pdscope bench URL --request-rate 200 --duration 120 --ray auto
@@ -131,6 +137,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    " (default: only when none completed)")
     o.add_argument("--json", action="store_true",
                    help="print the summary JSON (a list for a sweep) on stdout")
+    o.add_argument("--baseline", metavar="DIR",
+                   help="an earlier bench run folder (or a folder of them): at the end, every"
+                   " figure set beside it as pdscope compare does (compare.json in --out)")
+    o.add_argument("--fail-on", metavar="SPEC",
+                   help="with --baseline: exit 1 when a significant change passes a limit,"
+                   " e.g. 'ttft_p99:+10%%,decode_tok_s:-5%%'")
     p.set_defaults(handler=run)
 
 
@@ -203,6 +215,13 @@ def run(args: argparse.Namespace) -> int:
         import_ray()  # before anything is measured: one line on how to install it
     if args.dataset and not Path(args.dataset).is_file():
         raise InputError(f"--dataset {args.dataset}: no such file")
+    if args.fail_on and not args.baseline:
+        raise InputError("--fail-on needs --baseline DIR (the run to compare against)")
+    limits = parse_limits(args.fail_on) if args.fail_on else ()
+    baseline = read_side(args.baseline) if args.baseline else None
+    if baseline is not None and len(stages) > 1:
+        raise InputError("--baseline compares one load level: give one --request-rate or"
+                         " --concurrency")
     with out_folder(args.out or default_run_dir()) as folder:
         result = _run_with_progress(args.url, config, stages, workload, folder)
     for w in result.warnings:
@@ -218,7 +237,27 @@ def run(args: argparse.Namespace) -> int:
     if failure is not None:
         print_error(failure)
         return 1
+    if baseline is not None:
+        return against_baseline(baseline, result.folder, limits, quiet=args.json)
     return 0
+
+
+def against_baseline(baseline: Side, folder: Path, limits: tuple[Limit, ...], *,
+                     quiet: bool) -> int:
+    """The run set beside the baseline (written to compare.json; shown unless ``quiet``); 1
+    when a limit trips. Unlike runs are compared anyway, with what differs said."""
+    comparison = compare(baseline, folder, force=True)
+    write_result(folder / "compare.json", json.dumps(comparison.to_json(), indent=2),
+                 "the comparison")
+    if not quiet:
+        show_comparison(comparison)
+    for d in comparison.differences:
+        warn(f"the baseline is unlike this run: {d}")
+    failed = tripped(comparison, limits)
+    for limit, row in failed:
+        warn(f"gate: {row.label} changed {row.delta_pct:+.1f}% against the baseline, past"
+             f" the limit {limit}")
+    return 1 if failed else 0
 
 
 def _run_with_progress(url: str, config: BenchConfig, stages: list[Stage], workload: Workload,

@@ -389,12 +389,17 @@ def run_calibrate(args: argparse.Namespace) -> int:
             cal = asyncio.run(run_calibration(args.url, config, device=args.device,
                                               model_config=args.model_config,
                                               progress=progress))
-        text = json.dumps(cal.to_json(), indent=2, allow_nan=False)
-        path = write_result(folder / "calibration.json", text, "the calibration")
-    if args.json:
+        return _write_calibration(cal, folder, as_json=args.json)
+
+
+def _write_calibration(cal: Calibration, folder: Path, *, as_json: bool) -> int:
+    """calibration.json in ``folder`` (the rescue folder if that fails), then the summary."""
+    text = json.dumps(cal.to_json(), indent=2, allow_nan=False)
+    path = write_result(folder / "calibration.json", text, "the calibration")
+    if as_json:
         print_json(cal.to_json())
-        return 0
-    show_calibration(cal, path)
+    else:
+        show_calibration(cal, path)
     return 0
 
 
@@ -414,13 +419,7 @@ def run_calibrate_from(args: argparse.Namespace) -> int:
     cal = calibrate_from_runs(args.from_runs, model=model, device=device,
                               model_source=args.model_config)
     with out_folder(args.out) as folder:
-        text = json.dumps(cal.to_json(), indent=2, allow_nan=False)
-        path = write_result(folder / "calibration.json", text, "the calibration")
-    if args.json:
-        print_json(cal.to_json())
-        return 0
-    show_calibration(cal, path)
-    return 0
+        return _write_calibration(cal, folder, as_json=args.json)
 
 
 def show_calibration(cal: Calibration, path: Path) -> None:

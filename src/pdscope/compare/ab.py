@@ -4,7 +4,8 @@ A machine drifts (another job starts, a CPU warms, a cache fills): runs of A fir
 afterwards put that drift on one side only. Here round 1 runs A then B, round 2 B then A, and
 so on (ABBA), so that a steady drift falls on both sides equally; both servers get the same
 prompts in a round and new prompts in the next (a prefix cache never sees a round's prompts
-twice). Each round is an ordinary run folder (``a/round-01``, ``b/round-01``, ...), and the
+twice; a server set against itself gets other prompts on side B, or its cache would serve
+them). Each round is an ordinary run folder (``a/round-01``, ``b/round-01``, ...), and the
 comparison reads the two folders of rounds (:func:`pdscope.compare.compare`).
 
 The workload is a load level (``pdscope bench``: a rate or a concurrency) or a probe (one
@@ -77,8 +78,7 @@ def client_fields(options: ClientOptions) -> dict[str, Any]:
     return {f.name: getattr(options, f.name) for f in fields(ClientOptions)}
 
 
-async def _one(url: str, config: AbConfig, i: int, folder: Path) -> None:
-    seed = config.round_seed(i)
+async def _one(url: str, config: AbConfig, i: int, folder: Path, seed: int) -> None:
     client = client_fields(config) | {"seed": seed}
     if config.workload == "probe":
         probe = ProbeConfig(**client, prompt_tokens=config.input_len,
@@ -106,7 +106,10 @@ async def run_ab(url_a: str, url_b: str, config: AbConfig, folder: str | Path, *
     steps = order(config.rounds)
     for done, (i, side) in enumerate(steps, start=1):
         url = url_a if side == "a" else url_b
-        await _one(url, config, i, root / side / f"round-{i:02d}")
+        seed = config.round_seed(i)
+        if url_a == url_b and side == "b":
+            seed += 50  # one server on both sides: its prefix cache must not serve B A's prompts
+        await _one(url, config, i, root / side / f"round-{i:02d}", seed)
         if progress is not None:
             progress(f"round {i}, {side.upper()}", done, len(steps))
     return root / "a", root / "b"

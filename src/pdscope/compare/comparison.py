@@ -29,12 +29,16 @@ from pdscope.compare.significance import (
     rank_test,
     verdict,
     welch_change,
+    welch_log_change,
 )
 from pdscope.errors import InputError
 
 # Samples a side needs beyond a tail percentile for it to be tested: a bootstrap of the
 # largest few values of a run says nothing (the p99 of 100 requests rests on one).
 MIN_TAIL_SAMPLES = 5
+# Runs a side needs for a tail to be tested at all: a run's p99 moves with the machine from
+# one run to the next, so only runs can tell that variation from a change.
+MIN_RUNS_TAIL = 3
 
 
 @dataclass(frozen=True)
@@ -133,16 +137,32 @@ def _percentile_row(m: Metric, a: Side, b: Side, rng: np.random.Generator, alpha
     da = bootstrap_percentile(sa, m.q, rng)
     db = bootstrap_percentile(sb, m.q, rng)
     ea, eb = percentile_estimate(sa, m.q, da), percentile_estimate(sb, m.q, db)
-    if min(ea.n, eb.n) * (1 - m.q / 100) < MIN_TAIL_SAMPLES:
+    if m.q != 50:
+        return _tail_row(m, sa, sb, ea, eb, alpha, threshold)
+    ch = bootstrap_change(da, db, ea.value, eb.value)
+    if ch.delta_pct is not None:  # medians: the rank test's p-value
+        ch = Change(ch.delta_pct, ch.low_pct, ch.high_pct, rank_test(sa, sb), "mann-whitney")
+    return _row(m, ea, eb, ch, alpha, threshold)
+
+
+def _tail_row(m: Metric, sa: list[np.ndarray], sb: list[np.ndarray], ea: Estimate,
+              eb: Estimate, alpha: float, threshold: float) -> Row:
+    """A tail percentile: tested across runs (Welch on the logs of each run's value), with
+    :data:`MIN_RUNS_TAIL` runs a side, :data:`MIN_TAIL_SAMPLES` samples beyond it on each side
+    and one at least in each run (else a run's "p99" is its largest value, stretched)."""
+    assert m.q is not None
+    share = 1 - m.q / 100
+    per_run = min(len(x) for x in (*sa, *sb)) * share
+    pooled = min(sum(len(x) for x in sa), sum(len(x) for x in sb)) * share
+    if min(len(sa), len(sb)) < MIN_RUNS_TAIL or per_run < 1 or pooled < MIN_TAIL_SAMPLES:
         # A p99 of 100 requests is their largest but one: no interval or test holds on it.
         bare = Estimate(ea.value, None, None, ea.n, ea.effective_n)
         delta = 100 * (eb.value / ea.value - 1) if ea.value else None
         return _row(m, bare, Estimate(eb.value, None, None, eb.n, eb.effective_n),
                     Change(delta, None, None, None, None), alpha, threshold)
-    ch = bootstrap_change(da, db, ea.value, eb.value)
-    if m.q == 50 and ch.delta_pct is not None:  # medians: the rank test's p-value
-        ch = Change(ch.delta_pct, ch.low_pct, ch.high_pct, rank_test(sa, sb), "mann-whitney")
-    return _row(m, ea, eb, ch, alpha, threshold)
+    va = [float(np.percentile(x, m.q)) for x in sa]
+    vb = [float(np.percentile(x, m.q)) for x in sb]
+    return _row(m, ea, eb, welch_log_change(va, vb, ea.value, eb.value), alpha, threshold)
 
 
 def _values(side: Side, m: Metric) -> list[float]:
@@ -221,14 +241,17 @@ def compare_sides(a: Side, b: Side, *, threshold: float = DEFAULT_THRESHOLD,
     notes = []
     tails = [r.label for r in rows if r.test is None and r.metric in TAILS]
     if tails:
-        notes.append(f"{', '.join(tails)}: too few samples beyond the percentile for a test"
-                     f" (at least {MIN_TAIL_SAMPLES} a side: 500 requests for a p99)")
+        notes.append(f"{', '.join(tails)}: no test — a tail is tested across runs"
+                     f" ({MIN_RUNS_TAIL} or more a side, 100 samples a run for a p99): use"
+                     " pdscope ab, or folders of repeated runs")
     if any(r.test is None and r.metric not in TAILS for r in rows):
         notes.append("a figure with one value a run on either side has no test: repeat the"
                      " run (or use pdscope ab) for an interval")
-    if any(r.test == "bootstrap" for r in rows):
-        notes.append("percentile intervals: circular block bootstrap over each run's requests"
-                     " in send order, blocks as long as the autocorrelation time")
+    if any(r.test == "mann-whitney" for r in rows):
+        notes.append("median intervals: block bootstrap over each run's requests in send"
+                     " order, blocks as long as the autocorrelation time")
+    if any(r.test == "welch-log" for r in rows):
+        notes.append("tails: Welch's t-test on the logs of each run's percentile")
     if any(r.test == "mann-whitney" for r in rows):
         notes.append("medians: Mann-Whitney U, its sample sizes shrunk to the effective sizes"
                      " (autocorrelation of ranks, Geyer's initial positive sequence)")

@@ -175,11 +175,11 @@ def _experiment(path: Path, d: dict[str, Any]) -> Run:
     elif kind == "interference":
         if _num(d.get("stall_s")) is not None:
             scalars["prefill_stall_s"] = float(d["stall_s"])
-    elif kind == "context":
-        points = d.get("points") or []
-        rates = [_num(p.get("decode_tok_s")) for p in points if isinstance(p, dict)]
-        if rates and rates[0] is not None:
-            scalars["decode_tok_s"] = rates[0]
+    elif kind == "context":  # the decode rate at the shortest context it measured
+        first = d.get("first") or {}
+        rate = _num(first.get("decode_tok_s")) if isinstance(first, dict) else None
+        if rate is not None:
+            scalars["decode_tok_s"] = rate
     return Run(path, kind, identity, {}, scalars)
 
 
