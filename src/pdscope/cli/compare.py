@@ -38,9 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "percentiles, decode and prefill rates, throughput, goodput, users at the SLO,\n"
         "prefill stall), each with a 95% interval, the change in percent with its interval,\n"
         "a p-value and a verdict: better, worse, or ~ (no significant difference, or one\n"
-        "under --threshold). Intervals of percentiles come from a block bootstrap over the\n"
-        "requests in send order, so that the dependence load brings is not counted as\n"
-        "evidence; see docs/compare.md. A run is a bench or doctor folder, the --out file of\n"
+        "under --threshold). Medians are tested on the requests (a block bootstrap and a\n"
+        "rank test that count the dependence load brings), tails (p99) across runs, three or\n"
+        "more a side; see docs/compare.md. A run is a bench or doctor folder, the --out file of\n"
         "probe, sweep, context, prefix or interference, a saved `plan predict --json`, or a\n"
         "folder of such runs (the rounds of `pdscope ab`). Exit 1 when --fail-on trips.",
         EXAMPLES)
