@@ -13,14 +13,12 @@ from pdscope.cli.common import (
     out_folder,
     print_json,
     run_async,
-    warn,
     write_result,
 )
-from pdscope.cli.compare import show
+from pdscope.cli.compare import gate, show
 from pdscope.cli.experiment import progress_bar
-from pdscope.cli.server_args import client_kwargs, server_url
-from pdscope.client import APIS
-from pdscope.compare import compare, parse_limits, tripped
+from pdscope.cli.server_args import add_server_args, client_kwargs, server_url
+from pdscope.compare import compare, parse_limits
 from pdscope.compare.ab import AbConfig, order, run_ab
 from pdscope.compare.render import markdown
 from pdscope.compare.significance import ALPHA, DEFAULT_THRESHOLD
@@ -45,12 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         EXAMPLES)
     p.add_argument("url_a", metavar="URL_A", type=server_url, help="server A (the baseline)")
     p.add_argument("url_b", metavar="URL_B", type=server_url, help="server B (the change)")
-    g = p.add_argument_group("server")
-    g.add_argument("--model", help="the served model name, on both (default: each one's first)")
-    g.add_argument("--api", default="auto", choices=("auto", *APIS), help="API (default auto)")
-    g.add_argument("--api-key", help="Bearer token for both; default $OPENAI_API_KEY. Never"
-                   " printed")
-    g.add_argument("--api-key-env", metavar="NAME", help="read the key from this variable")
+    add_server_args(p, url="none", ceiling=False)  # the same for both servers
     w = p.add_argument_group("workload")
     w.add_argument("--workload", choices=("load", "probe"), default="load",
                    help="load: a load level (bench); probe: one request at a time")
@@ -98,7 +91,6 @@ def run(args: argparse.Namespace) -> int:
         result = compare(a, b, threshold=args.threshold / 100, alpha=args.alpha, force=True)
         write_result(folder / "compare.json", json.dumps(result.to_json(), indent=2),
                      "the comparison")
-    failed = tripped(result, limits)
     if args.json:
         print_json(result.to_json())
     elif args.markdown:
@@ -106,6 +98,4 @@ def run(args: argparse.Namespace) -> int:
     else:
         show(result)
         print(f"rounds in {folder}")
-    for limit, row in failed:
-        warn(f"gate: {row.label} changed {row.delta_pct:+.1f}%, past the limit {limit}")
-    return 1 if failed else 0
+    return gate(result, limits)

@@ -34,10 +34,11 @@ from pdscope.cli.common import (
     warn,
     write_result,
 )
+from pdscope.cli.compare import gate
 from pdscope.cli.compare import show as show_comparison
 from pdscope.cli.server_args import add_server_args, client_kwargs
 from pdscope.client import Timeouts
-from pdscope.compare import Limit, Side, compare, parse_limits, read_side, tripped
+from pdscope.compare import Limit, Side, compare, parse_limits, read_side
 from pdscope.errors import InputError
 from pdscope.load.bench import BenchConfig, BenchResult, Workload, run_bench
 from pdscope.load.results import default_run_dir
@@ -253,11 +254,7 @@ def against_baseline(baseline: Side, folder: Path, limits: tuple[Limit, ...], *,
         show_comparison(comparison)
     for d in comparison.differences:
         warn(f"the baseline is unlike this run: {d}")
-    failed = tripped(comparison, limits)
-    for limit, row in failed:
-        warn(f"gate: {row.label} changed {row.delta_pct:+.1f}% against the baseline, past"
-             f" the limit {limit}")
-    return 1 if failed else 0
+    return gate(comparison, limits)
 
 
 def _run_with_progress(url: str, config: BenchConfig, stages: list[Stage], workload: Workload,

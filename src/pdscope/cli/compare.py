@@ -111,7 +111,13 @@ def run(args: argparse.Namespace) -> int:
         for i, text in enumerate(pages):
             target = path if i == 0 else path.with_name(f"{path.stem}-{i + 1}{path.suffix}")
             write_result(target, text, "the comparison page")
-    for c, limit, row in failed:
+    return max((gate(c, limits) for c in comparisons), default=0)
+
+
+def gate(c: Comparison, limits: tuple[Limit, ...]) -> int:
+    """Warn of each limit the comparison trips; the exit status: 1 when one trips, else 0."""
+    failed = tripped(c, limits)
+    for limit, row in failed:
         warn(f"gate: {row.label} changed {row.delta_pct:+.1f}% ({c.b} against {c.a}),"
              f" past the limit {limit}")
     return 1 if failed else 0

@@ -98,11 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            " streams give all three.",
                            epilog="examples:\n" + _examples("calibrate"),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_server_args(c)
-    for action in c._actions:
-        if action.dest == "url":  # --from fits recorded runs instead: no server then
-            action.nargs = "?"
-            action.default = None
+    add_server_args(c, url="optional")  # --from fits recorded runs instead: no server then
     c.add_argument("--from", dest="from_runs", nargs="+", metavar="RUN",
                    help="fit the requests of these bench (or doctor) run folders instead of"
                    " sending any: runs of one server and model")

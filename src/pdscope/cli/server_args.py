@@ -34,9 +34,15 @@ def server_url(text: str) -> str:
     return raw
 
 
-def add_server_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", metavar="URL", type=server_url,
-                        help="the server's base URL, e.g. http://127.0.0.1:8000")
+def add_server_args(parser: argparse.ArgumentParser, *, url: str = "required",
+                    ceiling: bool = True) -> None:
+    """The server flags. ``url``: ``required``, ``optional`` (the command can work without a
+    server, e.g. from recorded runs) or ``none`` (the command names its servers itself);
+    ``ceiling``: with ``--device`` and ``--model-config``."""
+    if url != "none":
+        parser.add_argument("url", metavar="URL", type=server_url,
+                            nargs="?" if url == "optional" else None,
+                            help="the server's base URL, e.g. http://127.0.0.1:8000")
     g = parser.add_argument_group("server")
     g.add_argument("--model", help="the served model name (default: the first it lists)")
     g.add_argument(
@@ -47,6 +53,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--api-key", help="sent as a Bearer token; default: $OPENAI_API_KEY. Never printed"
     )
     g.add_argument("--api-key-env", metavar="NAME", help="read the key from this variable")
+    if not ceiling:
+        return
     g.add_argument(
         "--device", metavar="D",
         help="device the server runs on (id or name, see `pdscope devices`); default: this"

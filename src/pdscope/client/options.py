@@ -38,6 +38,11 @@ class ClientOptions:
         return ClientOptions(self.api, self.model, self.api_key, self.fixed_output, self.seed,
                              self.timeouts)
 
+    def client_fields(self) -> dict[str, Any]:
+        """The client options of a config that embeds them, as keyword arguments for another
+        config (a sub-experiment's)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(ClientOptions)}
+
     def to_json(self) -> dict[str, Any]:
         """The config as JSON: every field but the key and the timeouts, tuples as lists."""
         out: dict[str, Any] = {"api": self.api, "model": self.model,

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pdscope.client.options import ClientOptions, at_least
 from pdscope.errors import InputError, RunError
@@ -73,13 +72,8 @@ def order(rounds: int) -> list[tuple[int, str]]:
     return out
 
 
-def client_fields(options: ClientOptions) -> dict[str, Any]:
-    """The client options a config embeds, as keyword arguments for another config."""
-    return {f.name: getattr(options, f.name) for f in fields(ClientOptions)}
-
-
 async def _one(url: str, config: AbConfig, i: int, folder: Path, seed: int) -> None:
-    client = client_fields(config) | {"seed": seed}
+    client = config.client_fields() | {"seed": seed}
     if config.workload == "probe":
         probe = ProbeConfig(**client, prompt_tokens=config.input_len,
                             max_tokens=config.output_len, runs=config.runs)
