@@ -16,8 +16,10 @@ Usage (from the repository root, with the lab's venv)::
 
 ``--capacity SLO`` asks another question: the highest Poisson rate (256/64 tokens) that meets
 the SLO at p99, predicted by ``pdscope plan capacity`` and found on the server by bisection
-(``pdscope bench`` at each rate tried; the bracket is found by steps of 25 % from the
-prediction, then halved until it is narrower than ``--tolerance``).
+(``--repeats`` runs of ``--requests`` requests with ``pdscope bench`` at each rate tried, the
+median of their p99s against the SLO; the bracket is found by steps of 25 % from the
+prediction, then halved until it is narrower than ``--tolerance``). The prediction is made for
+runs of the same length: see :func:`capacity`.
 
 Everything (the calibration, each run folder, each prediction, ``results.json``) stays in the
 work folder (``runs/planner-accuracy-ENGINE-DATE``). Every server is the lab's, on 127.0.0.1,
@@ -42,6 +44,8 @@ from pdscope.plan import DrawnLengths, SharedPrefix, load_calibration
 from pdscope.plan.capacity import saturation_rate
 from pdscope.workload.datasets import parse_lengths
 
+# Seeds of the planner's capacity for runs as long as the measured ones (their median).
+PLANNER_SEEDS = 7
 FIGURES = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")
 
 
@@ -143,30 +147,50 @@ def predict_config(cal_dir: Path, folder: Path, config: Config, rate: float, n: 
 
 
 def capacity(url: str, cal_dir: Path, work: Path, slo: str, input_len: str, output_len: str,
-             duration_s: float, min_requests: int, tolerance: float) -> dict[str, Any]:
-    """The predicted capacity at the SLO, and the measured one by bisection on the server."""
+             requests: int, repeats: int, tolerance: float) -> dict[str, Any]:
+    """The predicted capacity at the SLO, and the measured one by bisection on the server.
+
+    A p99 depends on how long the run is: a queue needs time to build, so a short run's tail
+    is lighter than a long one's, and a short run "holds" more. Both sides therefore answer for
+    runs of ``requests`` requests: the server runs each rate ``repeats`` times (other seeds)
+    and meets the SLO when the median of the runs' p99s does; the planner, for runs of that
+    length, gives the median over seeds of its capacity — the rate at which half the runs meet
+    it, since each run's p99 grows with the rate. Its default answer (2,000 requests: what the
+    server sustains) is recorded beside."""
     limits = {k: float(v) / 1000 for k, v in (item.split(":") for item in slo.split(","))}
-    predicted = pdscope("plan", "capacity", str(cal_dir), "--slo", slo, "--input-len",
-                        input_len, "--output-len", output_len)
-    guess = float(predicted["max_rate_rps"])
-    print(f"  predicted: {guess:.3f} req/s ({predicted['binding']} binds),"
-          f" {predicted['max_users']} users", flush=True)
+    common = ("plan", "capacity", str(cal_dir), "--slo", slo, "--input-len", input_len,
+              "--output-len", output_len)
+    sustained = pdscope(*common)
+    runs = [pdscope(*common, "--num-requests", str(requests), "--seed", str(seed))
+            for seed in range(PLANNER_SEEDS)]
+    guess = statistics.median(float(r["max_rate_rps"]) for r in runs)
+    print(f"  predicted for runs of {requests} requests: {guess:.3f} req/s (median of"
+          f" {PLANNER_SEEDS} seeds: "
+          + ", ".join(f"{float(r['max_rate_rps']):.2f}" for r in runs)
+          + f"); sustained (2,000 requests): {float(sustained['max_rate_rps']):.3f} req/s"
+          f" ({sustained['binding']} binds)", flush=True)
     tried: list[dict[str, Any]] = []
 
     def met(rate: float) -> bool:
         i = len(tried)
-        n = max(min_requests, min(400, round(rate * duration_s)))
-        folder = work / f"capacity-{i}"
-        pdscope("bench", url, "--request-rate", f"{rate:.4f}", "--num-prompts", str(n),
-                "--input-len", input_len, "--output-len", output_len, "--seed", str(31 + i),
-                "--out", str(folder), "--no-metrics")
-        got = measured_figures(str(folder))
-        figures = {k: got.get(f"{k}_p99_s") for k in limits}
-        ok = all(v is not None and v <= limits[k] for k, v in figures.items())
-        tried.append({"rate_rps": rate, "requests": n, "met": ok,
-                      **{f"{k}_p99_s": v for k, v in figures.items()}})
-        print(f"  {rate:.3f} req/s, {n} requests: "
-              + ", ".join(f"{k} p99 {v * 1000:.0f} ms" for k, v in figures.items() if v)
+        p99s: dict[str, list[float]] = {k: [] for k in limits}
+        for j in range(repeats):
+            folder = work / f"capacity-{i}-{j}"
+            pdscope("bench", url, "--request-rate", f"{rate:.4f}", "--num-prompts",
+                    str(requests), "--input-len", input_len, "--output-len", output_len,
+                    "--seed", str(31 + 10 * i + j), "--out", str(folder), "--no-metrics")
+            got = measured_figures(str(folder))
+            for k in limits:
+                v = got.get(f"{k}_p99_s")
+                p99s[k].append(float("inf") if v is None else float(v))
+        figures = {k: statistics.median(v) for k, v in p99s.items()}
+        ok = all(v <= limits[k] for k, v in figures.items())
+        tried.append({"rate_rps": rate, "requests": requests, "met": ok,
+                      **{f"{k}_p99_s": v for k, v in figures.items()},
+                      **{f"{k}_p99_s_runs": v for k, v in p99s.items()}})
+        print(f"  {rate:.3f} req/s, {repeats} x {requests} requests: "
+              + ", ".join(f"{k} p99 " + "/".join(f"{x * 1000:.0f}" for x in p99s[k]) + " ms"
+                          for k in limits)
               + (" — meets" if ok else " — misses"), flush=True)
         return ok
 
@@ -189,8 +213,10 @@ def capacity(url: str, cal_dir: Path, work: Path, slo: str, input_len: str, outp
     print(f"  measured: {measured:.3f} req/s (between {lo:.3f} and {hi:.3f});"
           f" predicted {guess:.3f}: error {guess / measured - 1:+.0%}", flush=True)
     return {"slo": slo, "input_len": input_len, "output_len": output_len,
-            "predicted": predicted, "predicted_rps": guess, "measured_rps": measured,
-            "bracket_rps": [lo, hi], "error": guess / measured - 1, "tried": tried}
+            "requests": requests, "repeats": repeats,
+            "predicted": runs, "predicted_sustained": sustained, "predicted_rps": guess,
+            "measured_rps": measured, "bracket_rps": [lo, hi],
+            "error": guess / measured - 1, "tried": tried}
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -241,6 +267,10 @@ def main() -> int:
                     " instead of the held-out loads")
     ap.add_argument("--tolerance", type=float, default=0.1,
                     help="--capacity: stop when the bracket is this narrow (default 0.1)")
+    ap.add_argument("--requests", type=int, default=300,
+                    help="--capacity: requests a run (default 300)")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="--capacity: runs at each rate, other seeds (default 2)")
     args = ap.parse_args()
     if args.capacity:
         return main_capacity(args)
@@ -299,7 +329,7 @@ def main_capacity(args: argparse.Namespace) -> int:
         cal = pdscope("plan", "calibrate", server.url, "--out", str(cal_dir))
         print(f"  calibrated in {time.monotonic() - t0:.0f} s", flush=True)
         result = capacity(server.url, cal_dir, work, args.capacity, "256", "64",
-                          args.duration, args.min_requests, args.tolerance)
+                          args.requests, args.repeats, args.tolerance)
     result["engine"] = args.engine
     result["calibration"] = cal
     (work / "capacity.json").write_text(json.dumps(result, indent=2))

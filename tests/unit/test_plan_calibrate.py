@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pdscope.client.record import RequestRecord
@@ -19,6 +20,7 @@ from pdscope.plan.calibrate import (
     batch_observations,
     chunks,
     decode_observation,
+    decode_residuals,
     load_calibration,
     prefill_observation,
     scheduler_from_settings,
@@ -64,6 +66,18 @@ def test_one_stream_s_decode_is_its_gaps_at_growing_context() -> None:
     assert o.context_tokens == 101 + 102 + 103 + 104
     assert o.duration_s == pytest.approx(0.040)
     assert decode_observation(record(100, [50])) is None  # one token: no gap
+
+
+def test_a_decode_s_jitter_is_its_gaps_less_the_model_s_steps() -> None:
+    # 10 ms a step and 1 µs a context token: after a 1,000-token prompt a step is 11 ms.
+    # Gaps 11, 11, 19, 11 ms: on time, on time, 8 ms late, on time. A gap of two tokens in one
+    # chunk is not one step: left out.
+    model = StepModel(0.010, 0.0, 0.0, 1e-6, 0.0)
+    late = decode_residuals([record(1000, [0, 11, 22, 41, 52])], model)
+    np.testing.assert_allclose(late * 1000, [0, 0, 8, 0], atol=0.01)
+    chunked = decode_residuals([record(1000, [0, 11, 33], [1, 1, 2])], model)
+    np.testing.assert_allclose(chunked * 1000, [0], atol=0.01)
+    assert decode_residuals([record(1000, [0, 11])], model).size == 0  # one gap: too short
 
 
 def test_streams_decoding_together_count_every_stream_s_context() -> None:

@@ -5,6 +5,7 @@ request's times are counts of steps."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -79,6 +80,20 @@ def test_one_request_alone_takes_one_step_a_token() -> None:
     assert s["e2e_p99_s"] == pytest.approx(0.050)
     assert s["mean_running"] == 1.0
     assert s["completed"] == 1 and s["preemptions"] == 0 and s["peak_kv_usage"] is None
+
+
+def test_a_step_model_s_jitter_spreads_the_gaps_and_nothing_else() -> None:
+    # 10 ms steps, half of them 1 ms early and half 1 ms late: the gaps' median and p99 move
+    # by the jitter; the first token, the TPOT (the mean) and the queue do not.
+    jittery = replace(STEP, jitter_s=(-0.001,) * 50 + (0.001,) * 50)
+    d = demand((0.0, 100, 101), (0.5, 100, 101))
+    plain, r = both(d, STEP, SchedulerConfig()), both(d, jittery, SchedulerConfig())
+    assert plain.summary()["itl_p99_s"] == pytest.approx(0.010)
+    s = r.summary()
+    assert s["itl_p50_s"] == pytest.approx(0.009) and s["itl_p99_s"] == pytest.approx(0.011)
+    for key in ("ttft_p99_s", "tpot_p50_s", "e2e_p99_s"):
+        assert s[key] == pytest.approx(plain.summary()[key]), key
+    np.testing.assert_allclose(r.itl_s, plain.itl_s)  # the model's steps, as before
 
 
 def test_a_long_prompt_is_read_in_budget_sized_chunks() -> None:

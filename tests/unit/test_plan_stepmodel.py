@@ -3,6 +3,9 @@ its roofline prior and its file form."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -15,7 +18,9 @@ from pdscope.plan.stepmodel import (
     StepObservation,
     attention_pairs,
     fit_step_model,
+    jitter_quantiles,
     roofline_prior,
+    with_jitter,
 )
 
 TRUE = StepModel(base_s=0.012, per_prompt_token_s=0.00045, per_sequence_s=0.0005,
@@ -114,3 +119,35 @@ def test_bad_coefficients_are_refused() -> None:
         fit_step_model([])
     with pytest.raises(InputError, match="at least one step"):
         StepObservation(0, 0, 0, 0, 0, 1.0)
+
+
+def test_a_measured_jitter_keeps_the_mean_and_its_shape() -> None:
+    # Gaps of a server with a hiccup: 95 steps on time, 5 of them 8 ms late.
+    residuals = np.array([0.0] * 95 + [0.008] * 5)
+    q = jitter_quantiles(residuals)
+    assert len(q) == 100
+    assert np.mean(q) == pytest.approx(0.0, abs=1e-12)  # the model keeps the mean step
+    assert max(q) - min(q) == pytest.approx(0.008)  # the hiccup, above the rest
+    assert jitter_quantiles(residuals[:19]) == ()  # too few to say
+    fitted = replace(TRUE, jitter_s=q)
+    assert StepModel.from_json(fitted.to_json()) == fitted
+    assert TRUE.scaled(bandwidth_ratio=2.0).jitter_s == ()
+    assert fitted.scaled(bandwidth_ratio=2.0).jitter_s == q  # the software's, not the chip's
+    with pytest.raises(InputError, match="jitter"):
+        replace(TRUE, jitter_s=(math.nan,))
+
+
+def test_the_jitter_is_added_to_every_step() -> None:
+    # Steps of 10 ms (weight 3) and 20 ms (weight 1); jitter -1 or +1 ms, as often.
+    values, weights = np.array([0.010, 0.020]), np.array([3, 1])
+    sums, counts = with_jitter(values, weights, (-0.001, 0.001))
+    assert counts.sum() == sums.size == 2000
+    got = sorted(set(np.round(sums * 1000, 6)))
+    assert got == [9.0, 11.0, 19.0, 21.0]
+    share_21 = np.count_nonzero(np.isclose(sums, 0.021)) / sums.size
+    assert share_21 == pytest.approx(0.125)  # a quarter of the steps, half of the jitter
+    assert np.mean(sums) == pytest.approx(np.average(values, weights=weights))
+    # Never below 0; no jitter, nothing changes.
+    assert with_jitter(np.array([0.0005]), np.array([1]), (-0.001, 0.001))[0].min() == 0
+    same = with_jitter(values, weights, ())
+    assert same[0] is values and same[1] is weights

@@ -11,6 +11,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.table import Table
 
 from pdscope.cli.common import (
@@ -439,6 +440,10 @@ def show_calibration(cal: Calibration, path: Path) -> None:
     fit = ", ".join(f"{part} {err:.1%}" for part, err in cal.errors_by_part().items())
     r2 = "—" if m.r_squared is None else f"{m.r_squared:.4f}"
     console.print(f"fit: {m.observations} observations, R² {r2}; median error by part: {fit}")
+    if m.jitter_s:
+        lo, mid, hi = (float(np.percentile(m.jitter_s, q)) * 1000 for q in (1, 50, 99))
+        console.print(f"step jitter (a decode gap less the model's step): p1 {lo:+.1f} ms,"
+                      f" p50 {mid:+.1f} ms, p99 {hi:+.1f} ms; added to every predicted gap")
     s = cal.scheduler
     console.print(f"scheduler: {s.policy}, {s.step_tokens:,} tokens a step, {s.sequences}"
                   f" sequences, KV pool"

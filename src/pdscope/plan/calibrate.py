@@ -14,7 +14,9 @@ queue, not the engine):
    cost from its cost a sequence, which one stream alone cannot.
 
 The fit is :func:`pdscope.plan.stepmodel.fit_step_model` (non-negative, with the roofline's
-figures as the prior for a term the data cannot see). The server's scheduling settings (token
+figures as the prior for a term the data cannot see). The decode part's gaps, less the fitted
+model's step at their context, are kept as the step's jitter (:func:`decode_residuals`): what a
+one-slot server's ITL tail is made of. The server's scheduling settings (token
 budget, sequences, KV pool, block size, prefix caching) are read from the server where it
 tells them (:func:`pdscope.experiments.setup.read_settings`), else stated as assumptions.
 """
@@ -25,7 +27,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ from pdscope.plan.stepmodel import (
     attention_pairs,
     chunks,
     fit_step_model,
+    jitter_quantiles,
     roofline_prior,
 )
 from pdscope.roofline import kv_bytes_per_token
@@ -239,6 +242,25 @@ def decode_observation(record: RequestRecord) -> StepObservation | None:
                            context_tokens=context, attention_pairs=0, duration_s=duration)
 
 
+def decode_residuals(records: Sequence[RequestRecord], model: StepModel) -> np.ndarray:
+    """Each single-token gap of the streams' decodes minus the model's step at the context it
+    was decoded at (seconds): the scatter the model's mean step leaves out."""
+    out: list[np.ndarray] = []
+    for r in records:
+        if r.prompt_tokens is None or len(r.token_times_ns) < 3:
+            continue
+        times = np.asarray(r.token_times_ns, dtype=np.int64)
+        tokens = np.cumsum(np.asarray(r.chunk_tokens or (1,) * len(times), dtype=np.int64))
+        gaps = np.diff(times) / 1e9
+        single = np.diff(tokens) == 1
+        # The gap after the k-th token is the step at context prompt + k (decode_observation).
+        context = r.prompt_tokens + tokens[:-1]
+        steps = (model.base_s + model.per_sequence_s
+                 + model.per_context_token_s * context.astype(float))
+        out.append((gaps - steps)[single])
+    return np.concatenate(out) if out else np.zeros(0)
+
+
 def batch_observations(records: Sequence[RequestRecord]) -> list[StepObservation]:
     """Streams started together: for each, its gaps while every stream was decoding, each a
     step of ``len(records)`` sequences whose contexts are the streams' prompts plus the
@@ -357,6 +379,7 @@ async def run_calibration(
         except PdscopeError as exc:
             raise RunError(f"calibration: the warm-up request failed: {exc}") from None
         points: list[Point] = []
+        decodes: list[RequestRecord] = []
         for step, (part, label, n_prompt, n_out, streams) in enumerate(plan, start=1):
             if progress:
                 progress(f"{part}: {label}", step, total)
@@ -366,6 +389,8 @@ async def run_calibration(
             except PdscopeError as exc:
                 raise RunError(f"calibration, {part} part ({label}): {exc}") from None
             points += _observe(part, label, records, budget)
+            if part == "decode":
+                decodes += records
         if progress:
             progress("fitting", total, total)
         inputs = await find_ceiling_inputs(conn, conn.target.model, device=device,
@@ -387,6 +412,7 @@ async def run_calibration(
     prior = (roofline_prior(inputs.model, inputs.device)
              if inputs.model is not None and inputs.device is not None else None)
     model = fit_step_model([p.observation for p in points], prior=prior)
+    model = replace(model, jitter_s=jitter_quantiles(decode_residuals(decodes, model)))
     fitted = tuple(Point(p.part, p.label, p.observation,
                          model.predict(p.observation)) for p in points)
     notes = list(inputs.notes) + list(conn.notes)

@@ -25,7 +25,10 @@ each decode run's first step duration, its growth a step, its steps and the sequ
 in it (each of them got a token every step, one gap a step), plus the gaps that are not a step
 (a preempted request's wait for its recomputation; disaggregated, a request's first gap on its
 decode instance, which holds its KV cache's transfer). ITL percentiles weigh each step's
-duration by the sequences that decoded in it.
+duration by the sequences that decoded in it; with a step model that knows its jitter (measured
+by the calibration), the gaps are those durations plus the jitter
+(:func:`~pdscope.plan.stepmodel.with_jitter`): the queue and the other figures are the model's
+mean steps, where the scatter averages out.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from pdscope.plan.disaggregation import Disaggregation
 from pdscope.plan.engine import BudgetEngine, Engine, SlotsEngine, Stats
 from pdscope.plan.ledger import Ledger
 from pdscope.plan.scheduler import SchedulerConfig
-from pdscope.plan.stepmodel import StepModel
+from pdscope.plan.stepmodel import StepModel, with_jitter
 
 METRICS = ("ttft", "itl", "tpot", "e2e")
 _METRIC_WORDS = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "end-to-end latency"}
@@ -106,6 +109,8 @@ class SimResult:
     # instance) and when its KV cache reached it (``nan``: never sent).
     decode_instance: np.ndarray | None = None
     kv_arrival_s: np.ndarray | None = None
+    # The step model's jitter (equal-probability quantiles, seconds): added to every gap.
+    jitter_s: tuple[float, ...] = ()
 
     @property
     def completed(self) -> int:
@@ -152,17 +157,18 @@ class SimResult:
 
     @cached_property
     def _itl_sorted(self) -> tuple[np.ndarray, np.ndarray]:
-        return _cumulative(*self._itl_steps)
+        return _cumulative(*with_jitter(*self._itl_steps, self.jitter_s))
 
     def itl_steps(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every inter-token gap as ``(values, counts)``: each decode step's duration with the
-        sequences that decoded in it, and each longer gap once."""
+        """Every inter-token gap as ``(values, counts)``: each decode step's duration (the
+        model's, without the jitter) with the sequences that decoded in it, and each longer gap
+        once."""
         return self._itl_steps
 
     @property
     def itl_s(self) -> np.ndarray:
-        """Every inter-token gap, one value a gap (as many values as tokens after the first:
-        large for a large run; :meth:`itl_steps` is the compact form)."""
+        """Every inter-token gap, one value a gap, without the jitter (as many values as tokens
+        after the first: large for a large run; :meth:`itl_steps` is the compact form)."""
         values, counts = self._itl_steps
         return np.repeat(values, counts)
 
@@ -511,4 +517,5 @@ class _Run:
                              else np.array(self.decode_instance, dtype=np.int64)),
             kv_arrival_s=(None if self.disaggregation is None
                           else np.array(self.kv_arrival, dtype=float)),
+            jitter_s=self.model.jitter_s,
         )

@@ -17,6 +17,11 @@ counterpart, which serves as the prior for a term the measurements cannot see
 A :class:`StepObservation` sums the five features over ``steps`` steps with their total measured
 time, so one observation can be one step, a whole TTFT (the sum of a prompt's steps) or a
 stream's decode (its gaps, one step each).
+
+The terms give a step's *mean* time. Real steps scatter around it (the operating system, a
+Python server's own work, another tenant of the machine): ``jitter_s`` keeps that scatter as
+measured, equal-probability quantiles of a decode gap minus the model's step, their mean taken
+out, and :func:`with_jitter` adds it to a distribution of step times.
 """
 
 from __future__ import annotations
@@ -100,7 +105,9 @@ class StepModel:
     the prior, or held at 0 by the non-negativity), ``r_squared`` and ``observations`` describe
     the fit; ``fixed`` names the terms the data could not see and that came from the prior;
     ``extrapolation`` says how a model was moved to another device or precision (``None`` for a
-    model used where it was measured)."""
+    model used where it was measured). ``jitter_s``: the measured scatter of a step around the
+    model, as equal-probability quantiles in seconds with mean 0 (empty: none known); a model
+    moved to another device keeps it (it is the software's and the machine's, not the chip's)."""
 
     base_s: float
     per_prompt_token_s: float
@@ -112,8 +119,11 @@ class StepModel:
     observations: int = 0
     fixed: tuple[str, ...] = ()
     extrapolation: str | None = None
+    jitter_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in self.jitter_s):
+            raise InputError("the step model's jitter must be finite numbers of seconds")
         for name in TERMS:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -187,6 +197,7 @@ class StepModel:
                                 else dict(zip(TERMS, self.standard_errors, strict=True))),
             "r_squared": self.r_squared, "observations": self.observations,
             "fixed": list(self.fixed), "extrapolation": self.extrapolation,
+            "jitter_s": list(self.jitter_s),
         }
 
     @classmethod
@@ -200,7 +211,42 @@ class StepModel:
             observations=int(d.get("observations") or 0),
             fixed=tuple(str(f) for f in d.get("fixed") or ()),
             extrapolation=None if d.get("extrapolation") is None else str(d["extrapolation"]),
+            jitter_s=tuple(float(x) for x in d.get("jitter_s") or ()),
         )
+
+
+# Quantiles kept of a measured jitter, and the grid a step-time distribution is read on when
+# the jitter is added to it.
+JITTER_QUANTILES = 100
+_STEP_GRID = 1000
+
+
+def jitter_quantiles(residuals_s: Sequence[float] | np.ndarray) -> tuple[float, ...]:
+    """The scatter of measured steps around the model: ``JITTER_QUANTILES`` equal-probability
+    quantiles of ``residuals_s`` (a measured step minus the model's), their mean taken out so
+    that the model keeps the mean step; empty with fewer than 20 residuals."""
+    r = np.asarray(residuals_s, dtype=float)
+    r = r[np.isfinite(r)]
+    if r.size < 20:
+        return ()
+    q = np.quantile(r - r.mean(), (np.arange(JITTER_QUANTILES) + 0.5) / JITTER_QUANTILES)
+    return tuple(float(x) for x in q - q.mean())
+
+
+def with_jitter(values: np.ndarray, weights: np.ndarray,
+                jitter_s: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """A weighted distribution of step times with the jitter added (a step is the model's time
+    plus an independent draw of the jitter, never below 0): the distribution is read on a grid
+    of ``_STEP_GRID`` equal-probability points, each added to every jitter quantile. Returns
+    ``(values, weights)``; unchanged without a jitter or a value."""
+    if not len(jitter_s) or not len(values):
+        return values, weights
+    order = np.argsort(values, kind="stable")
+    v, cum = values[order], np.cumsum(weights[order], dtype=float)
+    grid = (np.arange(_STEP_GRID) + 0.5) / _STEP_GRID * cum[-1]
+    steps = v[np.minimum(np.searchsorted(cum, grid, side="left"), len(v) - 1)]
+    sums = np.maximum(steps[:, None] + np.asarray(jitter_s, dtype=float)[None, :], 0.0).ravel()
+    return sums, np.ones(sums.size, dtype=np.int64)
 
 
 def fit_step_model(observations: Sequence[StepObservation], prior: StepModel | None = None,
