@@ -31,6 +31,7 @@ served; detection treats every 4xx alike.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from typing import Any
@@ -39,7 +40,8 @@ import pytest
 from aiohttp import web
 
 from pdscope.client import ServerInfo, detect_server, new_session
-from pdscope.client.detect import detokenize, tokenize
+from pdscope.client import detect as detect_module
+from pdscope.client.detect import choose_target, detokenize, token_counter, tokenize
 from pdscope.errors import RunError
 from pdscope.selftest import ReferenceServer
 from tests.conftest import DATA
@@ -209,3 +211,29 @@ def test_each_tokenizer_is_asked_in_its_own_words() -> None:
     assert lcp == ([0, 1, 2], "one two")
     ollama = tokenizer_round({("GET", "/api/version"): json_route(OLLAMA_VERSION)})
     assert ollama == (None, None)
+
+
+def test_a_slow_tokenizer_is_waited_for_and_then_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A server busy with many streams answered /tokenize after more than the 5 s a detection
+    # probe waits (a calibration failed so): the tokenizer has a wait of its own.
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.3)
+        return await echo_tokens("prompt")(request)
+
+    routes = {("GET", "/metrics"): text(VLLM_METRICS),
+              ("GET", "/v1/models"): json_route({"data": [{"id": "smollm2"}]}),
+              ("POST", "/tokenize"): slow}
+
+    async def count() -> int:
+        async with app_server(routes) as url, new_session() as session:
+            info = await detect_server(url, session)
+            counter = token_counter(info, session, choose_target(info))
+            assert counter is not None
+            return await counter("one two three")
+
+    monkeypatch.setattr(detect_module, "TOKENIZE_TIMEOUT_S", 2.0)
+    assert run(count()) == 3
+    monkeypatch.setattr(detect_module, "TOKENIZE_TIMEOUT_S", 0.1)
+    with pytest.raises(RunError, match=r"/tokenize did not tokenize \(an error, or no answer"
+                                       r" in 0.1 s\)"):
+        run(count())

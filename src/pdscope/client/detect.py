@@ -152,13 +152,19 @@ def _token_ids(tokens: Any) -> list[int] | None:
     return out
 
 
+# Seconds a tokenizer call may take. Not a detection probe (5 s): every prompt is built with
+# it, and a server busy with 16 streams on two cores was seen to answer one after more than 5 s.
+TOKENIZE_TIMEOUT_S = 30.0
+
+
 async def _post(
     info: ServerInfo, session: aiohttp.ClientSession, path: str, payload: dict[str, Any],
     api_key: str | None,
 ) -> Any:
     try:
         return await get_json(
-            session, info.base_url + path, api_key=api_key, method="POST", payload=payload
+            session, info.base_url + path, api_key=api_key, method="POST", payload=payload,
+            timeout=TOKENIZE_TIMEOUT_S,
         )
     except aiohttp.ClientConnectorError as exc:
         raise RunError(f"cannot connect to {info.base_url}: {connect_reason(exc)}") from None
@@ -247,7 +253,8 @@ def token_counter(
     async def count(text: str) -> int:
         ids = await tokenize(info, session, text, api_key=target.api_key, model=target.model)
         if ids is None:
-            raise RunError(f"{info.base_url}{info.tokenize_endpoint} did not tokenize")
+            raise RunError(f"{info.base_url}{info.tokenize_endpoint} did not tokenize (an error,"
+                           f" or no answer in {TOKENIZE_TIMEOUT_S:g} s)")
         return len(ids)
 
     return count
