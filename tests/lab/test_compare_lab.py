@@ -28,10 +28,11 @@ def small_budget(lab_state: Path) -> Iterator[lab.LabServer]:
         yield server
 
 
-def ab(url_a: str, url_b: str, out: Path, *extra: str,
-       input_len: int = 1024) -> dict[str, dict[str, Any]]:
+def ab(url_a: str, url_b: str, out: Path, *extra: str, input_len: int = 1024,
+       rounds: int = 4) -> dict[str, dict[str, Any]]:
     r = subprocess.run([sys.executable, "-m", "pdscope", "ab", url_a, url_b, "--input-len",
-                        str(input_len), "--rounds", "4", "--out", str(out), "--json", *extra],
+                        str(input_len), "--rounds", str(rounds), "--out", str(out), "--json",
+                        *extra],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return {row["metric"]: row for row in json.loads(r.stdout)["rows"]}
@@ -65,6 +66,19 @@ def test_a_small_budget_makes_a_long_prompt_wait_longer(vllm_server: lab.LabServ
     assert ttft["verdict"] == "worse" and ttft["significant"], ttft
     assert ttft["ci_low_pct"] > 0, ttft
     assert rows["prefill_tok_s"]["verdict"] == "worse", rows["prefill_tok_s"]
+
+
+def test_a_small_budget_shortens_the_stall_of_the_doctor_s_experiment(
+        vllm_server: lab.LabServer, small_budget: lab.LabServer, tmp_path: Path) -> None:
+    # The interference experiment, round by round: a 1,800-token prompt into 4 decoding
+    # streams stalls them for its whole step on the default server, for a 256-token chunk's
+    # on the other.
+    rows = ab(vllm_server.url, small_budget.url, tmp_path / "interference", "--workload",
+              "interference", "--concurrency", "4", "--seed", "9", input_len=1800,
+              rounds=3)
+    stall = rows["prefill_stall_s"]
+    assert stall["verdict"] == "better" and stall["significant"], stall
+    assert stall["delta_pct"] < -40, stall
 
 
 def test_the_same_server_against_itself_is_the_same(vllm_server: lab.LabServer,

@@ -13,6 +13,7 @@ import pytest
 
 from pdscope import cli
 from pdscope.compare import compare, read_one, read_side
+from pdscope.compare.ab import AbConfig
 from pdscope.compare.render import html, markdown
 from pdscope.errors import InputError
 from pdscope.selftest import ReferenceConfig, run_in_subprocess
@@ -171,6 +172,28 @@ def test_ab_alternates_rounds_and_compares(servers: dict[str, str], tmp_path: Pa
     assert started(out / "a" / "round-01") < started(out / "b" / "round-01")
     assert started(out / "b" / "round-02") < started(out / "a" / "round-02")
     assert (out / "compare.json").is_file()
+
+
+def test_ab_runs_the_doctor_s_interference_experiment(servers: dict[str, str], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # A long prompt injected into two decoding streams, each round on both sides. The
+    # reference servers never stall, so the longest gap in the window is about one token's:
+    # 10 ms on one, 12 ms on the other, plus the client's own lateness (up to ~2 ms here).
+    # Whether 10 against 12 ms is significant over two rounds depends on that lateness: the
+    # lab test sets a real stall against a short one.
+    out = tmp_path / "ab"
+    code = cli.main(["ab", servers["fast"], servers["slow"], "--workload", "interference",
+                     "--rounds", "2", "--input-len", "200", "--concurrency", "2",
+                     "--out", str(out), "--json"])
+    assert code == 0
+    rows = {r["metric"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    stall = rows["prefill_stall_s"]
+    assert 0.010 <= stall["a"] < 0.0135 and 0.012 <= stall["b"] < 0.0155, stall
+    assert stall["p_value"] is not None and stall["n_a"] == stall["n_b"] == 2, stall
+    assert sorted(p.name for p in (out / "b").iterdir()) == ["round-01.json", "round-02.json"]
+    assert json.loads((out / "a" / "round-01.json").read_text())["experiment"] == "interference"
+    with pytest.raises(InputError, match="interference workload takes concurrency"):
+        AbConfig(workload="interference", request_rate=2.0, concurrency=None)
 
 
 def test_bench_baseline_prints_the_comparison_and_gates(

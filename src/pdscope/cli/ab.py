@@ -19,7 +19,7 @@ from pdscope.cli.compare import gate, show
 from pdscope.cli.experiment import progress_bar
 from pdscope.cli.server_args import add_server_args, client_kwargs, server_url
 from pdscope.compare import compare, parse_limits
-from pdscope.compare.ab import AbConfig, order, run_ab
+from pdscope.compare.ab import WORKLOADS, AbConfig, order, run_ab
 from pdscope.compare.render import markdown
 from pdscope.compare.significance import ALPHA, DEFAULT_THRESHOLD
 from pdscope.load.results import default_run_dir
@@ -28,6 +28,8 @@ EXAMPLES = """
   pdscope ab http://127.0.0.1:28100 http://127.0.0.1:28101        4 rounds of 32 requests, 4 users
   pdscope ab URL_A URL_B --request-rate 2 --num-prompts 60 --rounds 6   an open-loop load level
   pdscope ab URL_A URL_B --workload probe --input-len 2000 --runs 5     one request at a time
+  pdscope ab URL_A URL_B --workload interference --input-len 1800 --concurrency 4
+      a long prompt into 4 decoding streams: the decode stall on each side
   pdscope ab URL_A URL_B --fail-on 'itl_p99:+10%' --markdown            a gate, a PR comment
 """
 
@@ -45,8 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("url_b", metavar="URL_B", type=server_url, help="server B (the change)")
     add_server_args(p, url="none", ceiling=False)  # the same for both servers
     w = p.add_argument_group("workload")
-    w.add_argument("--workload", choices=("load", "probe"), default="load",
-                   help="load: a load level (bench); probe: one request at a time")
+    w.add_argument("--workload", choices=WORKLOADS, default="load",
+                   help="load: a load level (bench); probe: one request at a time;"
+                   " interference: a prompt of --input-len tokens injected into --concurrency"
+                   " decoding streams (the doctor's experiment: the decode stall)")
     w.add_argument("--rounds", type=int_in(2, 1000), default=4, help="rounds (default 4)")
     w.add_argument("--input-len", type=int_in(1, 1_000_000), default=512, metavar="N",
                    help="prompt tokens (default 512)")
@@ -56,7 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     rate.add_argument("--request-rate", type=float_in(0, 1e6, above=True), metavar="R",
                       help="load: open-loop requests a second")
     rate.add_argument("--concurrency", type=int_in(1, 100_000), metavar="C",
-                      help="load: closed-loop users (default 4)")
+                      help="load: closed-loop users; interference: decoding streams"
+                      " (default 4)")
     w.add_argument("--num-prompts", type=int_in(2, 1_000_000), default=32, metavar="N",
                    help="load: requests a round on each side (default 32)")
     w.add_argument("--runs", type=int_in(2, 10_000), default=5,

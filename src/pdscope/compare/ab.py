@@ -8,8 +8,9 @@ twice; a server set against itself gets other prompts on side B, or its cache wo
 them). Each round is an ordinary run folder (``a/round-01``, ``b/round-01``, ...), and the
 comparison reads the two folders of rounds (:func:`pdscope.compare.compare`).
 
-The workload is a load level (``pdscope bench``: a rate or a concurrency) or a probe (one
-request at a time, ``pdscope probe``).
+The workload is a load level (``pdscope bench``: a rate or a concurrency), a probe (one
+request at a time, ``pdscope probe``) or the doctor's interference experiment (``pdscope
+interference``: a long prompt injected into decoding streams; the decode stall it causes).
 """
 
 from __future__ import annotations
@@ -21,19 +22,25 @@ from pathlib import Path
 
 from pdscope.client.options import ClientOptions, at_least
 from pdscope.errors import InputError, RunError
-from pdscope.experiments.probe import ProbeConfig, run_probe
+from pdscope.experiments.interference import (
+    InterferenceConfig,
+    InterferenceResult,
+    run_interference,
+)
+from pdscope.experiments.probe import ProbeConfig, ProbeResult, run_probe
 from pdscope.load import BenchConfig, Stage, Workload, run_bench
 from pdscope.workload.datasets import Lengths
 
-WORKLOADS = ("load", "probe")
+WORKLOADS = ("load", "probe", "interference")
 
 
 @dataclass(frozen=True, kw_only=True)
 class AbConfig(ClientOptions):
     """``rounds`` of the ``workload`` on each side. A load: ``num_prompts`` requests of
     ``input_len``/``output_len`` tokens at ``request_rate`` (open loop) or ``concurrency``
-    (closed loop). A probe: ``runs`` requests one at a time. ``seed``: the prompts of round
-    ``i`` come from ``seed * 100 + i`` (the same on both sides)."""
+    (closed loop). A probe: ``runs`` requests one at a time. Interference: a prompt of
+    ``input_len`` tokens injected into ``concurrency`` decoding streams. ``seed``: the prompts
+    of round ``i`` come from ``seed * 100 + i`` (the same on both sides)."""
 
     rounds: int = 4
     workload: str = "load"
@@ -55,6 +62,10 @@ class AbConfig(ClientOptions):
         at_least(self.runs, 2, "runs")
         if self.workload == "load" and (self.request_rate is None) == (self.concurrency is None):
             raise InputError("a load workload takes either request_rate or concurrency")
+        if self.workload == "interference" and (self.request_rate is not None
+                                                or self.concurrency is None):
+            raise InputError("an interference workload takes concurrency (its decoding"
+                             " streams), not a request rate")
         if self.request_rate is not None and not self.request_rate > 0:
             raise InputError(f"request_rate must be above 0, got {self.request_rate:g}")
         if self.concurrency is not None:
@@ -74,10 +85,15 @@ def order(rounds: int) -> list[tuple[int, str]]:
 
 async def _one(url: str, config: AbConfig, i: int, folder: Path, seed: int) -> None:
     client = config.client_fields() | {"seed": seed}
-    if config.workload == "probe":
-        probe = ProbeConfig(**client, prompt_tokens=config.input_len,
-                            max_tokens=config.output_len, runs=config.runs)
-        measured = await run_probe(url, probe)
+    if config.workload in ("probe", "interference"):
+        measured: ProbeResult | InterferenceResult
+        if config.workload == "probe":
+            measured = await run_probe(url, ProbeConfig(
+                **client, prompt_tokens=config.input_len, max_tokens=config.output_len,
+                runs=config.runs))
+        else:
+            measured = await run_interference(url, InterferenceConfig(
+                **client, streams=config.concurrency or 4, inject_tokens=config.input_len))
         folder.parent.mkdir(parents=True, exist_ok=True)
         folder.with_suffix(".json").write_text(json.dumps(measured.to_json(), indent=2))
         return
