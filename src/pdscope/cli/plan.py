@@ -143,7 +143,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_calibration_args(k)
     _add_slo_args(k)
     k.add_argument("--num-requests", type=int_in(10, 1_000_000), default=2000, metavar="K",
-                   help="requests simulated at each load tried (default 2000)")
+                   help="requests simulated at each load tried (default 2000: what the server"
+                   " sustains; a shorter run has a lighter tail and holds more, so to set the"
+                   " answer beside a bench run, give its number of requests)")
     k.set_defaults(handler=run_capacity)
 
     w = actions.add_parser("whatif", help="what each change would do",
