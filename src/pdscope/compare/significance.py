@@ -187,9 +187,22 @@ def mean_estimate(values: Sequence[float]) -> Estimate:
     return Estimate(m, m - half, m + half, len(x), float(len(x)))
 
 
+def _welch(xa: np.ndarray, xb: np.ndarray) -> tuple[float, float, float] | None:
+    """Welch's t-test of two samples (two values or more each): the difference of the means
+    (B − A), the half-width of its 95 % interval (Welch-Satterthwaite degrees of freedom) and
+    the two-sided p-value; ``None`` when neither sample has any spread."""
+    va, vb = xa.var(ddof=1) / len(xa), xb.var(ddof=1) / len(xb)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return None
+    d = float(xb.mean() - xa.mean())
+    df = (va + vb) ** 2 / ((va**2 / (len(xa) - 1)) + (vb**2 / (len(xb) - 1)))
+    return d, float(sps.t.ppf(0.975, df) * se), float(2 * sps.t.sf(abs(d) / se, df))
+
+
 def welch_change(a: Sequence[float], b: Sequence[float]) -> Change:
     """B's change against A for one value a run: Welch's t-test; its interval is that of the
-    difference of means (Welch-Satterthwaite degrees of freedom) over A's mean."""
+    difference of means over A's mean."""
     xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     ma, mb = float(xa.mean()), float(xb.mean())
     if ma == 0:
@@ -197,14 +210,11 @@ def welch_change(a: Sequence[float], b: Sequence[float]) -> Change:
     delta = 100 * (mb / ma - 1)
     if len(xa) < 2 or len(xb) < 2:
         return Change(delta, None, None, None, None)
-    va, vb = xa.var(ddof=1) / len(xa), xb.var(ddof=1) / len(xb)
-    se = math.sqrt(va + vb)
-    if se == 0:
+    w = _welch(xa, xb)
+    if w is None:
         return Change(delta, delta, delta, 1.0 if ma == mb else 0.0, "welch")
-    df = (va + vb) ** 2 / ((va**2 / (len(xa) - 1)) + (vb**2 / (len(xb) - 1)))
-    half = float(sps.t.ppf(0.975, df) * se)
-    p = float(sps.ttest_ind(xb, xa, equal_var=False).pvalue)
-    return Change(delta, 100 * (mb - ma - half) / ma, 100 * (mb - ma + half) / ma, p, "welch")
+    d, half, p = w
+    return Change(delta, 100 * (d - half) / ma, 100 * (d + half) / ma, p, "welch")
 
 
 def welch_log_change(a: Sequence[float], b: Sequence[float], a_value: float,
@@ -216,15 +226,12 @@ def welch_log_change(a: Sequence[float], b: Sequence[float], a_value: float,
     delta = 100 * (b_value / a_value - 1) if a_value else None
     if len(xa) < 2 or len(xb) < 2 or not (np.all(np.isfinite(xa)) and np.all(np.isfinite(xb))):
         return Change(delta, None, None, None, None)
-    va, vb = xa.var(ddof=1) / len(xa), xb.var(ddof=1) / len(xb)
-    d = float(xb.mean() - xa.mean())
-    se = math.sqrt(va + vb)
-    if se == 0:
+    w = _welch(xa, xb)
+    if w is None:
+        d = float(xb.mean() - xa.mean())
         return Change(delta, 100 * math.expm1(d), 100 * math.expm1(d), 1.0 if d == 0 else 0.0,
                       "welch-log")
-    df = (va + vb) ** 2 / ((va**2 / (len(xa) - 1)) + (vb**2 / (len(xb) - 1)))
-    half = float(sps.t.ppf(0.975, df) * se)
-    p = float(2 * sps.t.sf(abs(d) / se, df))
+    d, half, p = w
     return Change(delta, 100 * math.expm1(d - half), 100 * math.expm1(d + half), p, "welch-log")
 
 

@@ -255,8 +255,8 @@ def decode_residuals(records: Sequence[RequestRecord], model: StepModel) -> np.n
         single = np.diff(tokens) == 1
         # The gap after the k-th token is the step at context prompt + k (decode_observation).
         context = r.prompt_tokens + tokens[:-1]
-        steps = (model.base_s + model.per_sequence_s
-                 + model.per_context_token_s * context.astype(float))
+        steps = np.array([model.step_time(sequences=1, context_tokens=float(c))
+                          for c in context])
         out.append((gaps - steps)[single])
     return np.concatenate(out) if out else np.zeros(0)
 
