@@ -177,8 +177,9 @@ def test_ab_alternates_rounds_and_compares(servers: dict[str, str], tmp_path: Pa
 def test_ab_runs_the_doctor_s_interference_experiment(servers: dict[str, str], tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     # A long prompt injected into two decoding streams, each round on both sides. The
-    # reference servers never stall, so the longest gap in the window is about one token's:
-    # 10 ms on one, 12 ms on the other, plus the client's own lateness (up to ~2 ms here).
+    # reference servers never stall, so the longest gap in the window is one token's — 10 ms
+    # on one, 12 ms on the other — plus the client's own lateness (a few ms on a busy
+    # machine); a server that held the streams for the prompt would show its 70 ms prefill.
     # Whether 10 against 12 ms is significant over two rounds depends on that lateness: the
     # lab test sets a real stall against a short one.
     out = tmp_path / "ab"
@@ -188,7 +189,7 @@ def test_ab_runs_the_doctor_s_interference_experiment(servers: dict[str, str], t
     assert code == 0
     rows = {r["metric"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     stall = rows["prefill_stall_s"]
-    assert 0.010 <= stall["a"] < 0.0135 and 0.012 <= stall["b"] < 0.0155, stall
+    assert 0.010 <= stall["a"] < 0.040 and 0.012 <= stall["b"] < 0.040, stall
     assert stall["p_value"] is not None and stall["n_a"] == stall["n_b"] == 2, stall
     assert sorted(p.name for p in (out / "b").iterdir()) == ["round-01.json", "round-02.json"]
     assert json.loads((out / "a" / "round-01.json").read_text())["experiment"] == "interference"
