@@ -10,9 +10,12 @@ another and captures ``/metrics`` at rest; then sends ``--concurrency`` streamed
 ``/v1/completions`` at once (each a different ``--words``-word prompt, ``max_tokens`` fixed and
 ``ignore_eos`` set so every request generates exactly that many tokens) and captures
 ``/metrics`` at each ``--at`` second into that load, then once more after the last request
-finished. For llama.cpp it starts the lab's llama-cpp-python server and records what
-``GET /metrics`` answers. Every text is written verbatim; ``captures.json`` says when each was
-taken and what the load's requests saw on the client side.
+finished. For llama.cpp it starts the lab's ``llama-server`` (4 slots) and records, verbatim,
+``/health``, ``/props``, ``/slots`` and ``/metrics`` at rest, one streamed completion with its
+``timings``, the error for a prompt longer than a slot's context, and ``/slots`` and
+``/metrics`` while ``--llama-users`` requests (more than the slots) run at once. Every text is
+written verbatim; ``captures.json`` says when each was taken and what the load's requests saw on
+the client side.
 
 Loopback only: the lab listens on 127.0.0.1.
 """
@@ -209,18 +212,74 @@ async def capture_vllm(
     }
 
 
-async def capture_llamacpp(server: lab.LabServer, out: Path) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as session:
-        status, content_type, text = await get_text(session, server.url + "/metrics")
-    name = "llamacpp-python-0.3.36-metrics.txt"
-    write(out, name, text)
+LLAMA_PREFIX = "llama-server-0c1e570"  # the vendored llama.cpp commit (tools/install-lab.sh)
+
+
+async def capture_llamacpp(server: lab.LabServer, out: Path,
+                           args: argparse.Namespace) -> dict[str, Any]:
+    base, model = server.url, server.model
+    captures: list[dict[str, Any]] = []
+
+    def keep(suffix: str, status: int, text: str, phase: str, **more: Any) -> None:
+        name = f"{LLAMA_PREFIX}-{suffix}"
+        write(out, name, text)
+        captures.append({"file": name, "status": status, "wall": time.time(), "phase": phase,
+                         **more})
+
+    # One connection a request: llama-server may close a kept-alive connection after a stream.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        for path, suffix in (("/health", "health.json"), ("/props", "props.json"),
+                             ("/slots", "slots-at-rest.json"), ("/metrics", "metrics-at-rest.txt")):
+            status, _, text = await get_text(session, base + path)
+            keep(suffix, status, text, f"GET {path} at rest, before any completion")
+        # One streamed completion, every line of the stream as it came.
+        body = {"model": model, "prompt": prompt(7, 200), "max_tokens": 16, "temperature": 0,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        async with session.post(base + "/v1/completions", json=body) as response:
+            text = (await response.read()).decode()
+            keep("stream.txt", response.status, text,
+                 "a streamed /v1/completions: 200 words, 16 tokens, ignore_eos")
+        # A prompt longer than one slot's context (4,096 tokens: 16,384 split four ways).
+        body = {"model": model, "prompt": prompt(8, 5000), "max_tokens": 4}
+        async with session.post(base + "/v1/completions", json=body) as response:
+            keep("error-too-long.json", response.status, (await response.read()).decode(),
+                 "a 5,000-word prompt (over 4,096 tokens) to /v1/completions")
+        status, _, text = await get_text(session, base + "/metrics")
+        keep("metrics-after-one.txt", status, text, "GET /metrics after those two requests")
+
+        # More users than slots: the extra requests are deferred until a slot frees.
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(stream_one(session, base, model, 200 + i,
+                                                prompt(200 + i, args.words // 2),
+                                                args.max_tokens, t0))
+                 for i in range(args.llama_users)]
+        # Captured once the server says requests wait (the first moment deferred > 0).
+        while time.perf_counter() - t0 < 30:
+            await asyncio.sleep(0.25)
+            _, _, text = await get_text(session, base + "/metrics")
+            if any(line.startswith("llamacpp:requests_deferred ") and float(line.split()[1]) > 0
+                   for line in text.splitlines()):
+                break
+        into = round(time.perf_counter() - t0, 2)
+        status, _, text = await get_text(session, base + "/slots")
+        keep("slots-load.json", status, text, "GET /slots under load", seconds_into_load=into)
+        status, _, text = await get_text(session, base + "/metrics")
+        keep("metrics-load.txt", status, text, "GET /metrics under load",
+             seconds_into_load=round(time.perf_counter() - t0, 2))
+        records = await asyncio.gather(*tasks)
+        await asyncio.sleep(1.0)
+        status, _, text = await get_text(session, base + "/metrics")
+        keep("metrics-after-load.txt", status, text, "GET /metrics 1 s after the load")
     return {
-        "engine": "llama-cpp-python 0.3.36 (python -m llama_cpp.server)",
-        "captures": [
-            {"file": name, "status": status, "content_type": content_type, "wall": time.time(),
-             "phase": "GET /metrics on a server that had answered /v1/models"}
-        ],
-    }  # fmt: skip
+        "engine": f"llama-server (llama.cpp {LLAMA_PREFIX.split('-')[-1]}, vendored in"
+                  " llama-cpp-python 0.3.36's sdist)",
+        "server": {"command": "pdscope.lab.running('llamacpp', port=0)",
+                   "flags": lab.engines.llama_server_flags(server.extra_args)},
+        "load": {"users": args.llama_users, "words_per_prompt": args.words // 2,
+                 "max_tokens": args.max_tokens, "ignore_eos": True,
+                 "requests": [asdict(r) for r in records]},
+        "captures": captures,
+    }
 
 
 def main() -> int:
@@ -231,6 +290,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=24)
     parser.add_argument("--words", type=int, default=1400)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--llama-users", type=int, default=8,
+                        help="requests at once on llama-server (more than its 4 slots)")
     parser.add_argument(
         "--at",
         type=lambda s: [float(x) for x in s.split(",")],
@@ -252,7 +313,7 @@ def main() -> int:
     if args.engine in ("llamacpp", "all"):
         print("starting the llama.cpp lab server...", file=sys.stderr)
         with lab.running("llamacpp", port=0) as server:
-            meta["llamacpp"] = asyncio.run(capture_llamacpp(server, args.out))
+            meta["llama-server"] = asyncio.run(capture_llamacpp(server, args.out, args))
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     print(f"  wrote {meta_path}", file=sys.stderr)
     return 0

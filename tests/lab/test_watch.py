@@ -190,15 +190,32 @@ def test_watch_once_prints_the_dashboard(vllm_server: lab.LabServer) -> None:
     assert "the five names: vllm:num_requests_running" in r.stdout
 
 
-def test_llama_cpp_python_says_it_has_no_metrics(llamacpp_server: lab.LabServer) -> None:
+def test_llama_server_s_slots_fill_and_the_rest_are_deferred(llamacpp_server: lab.LabServer,
+                                                            tmp_path: Path) -> None:
+    """Eight users on four slots: watch shows every slot busy and requests deferred
+    (``llamacpp:requests_processing``, ``llamacpp:requests_deferred``), bench's own record of
+    /metrics says the same, and on the client the waiting half shows in the TTFT."""
+    live = subprocess.Popen([sys.executable, "-m", "pdscope", "watch", llamacpp_server.url,
+                             "--json", "--count", "25", "--interval", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
     r = subprocess.run(
-        [sys.executable, "-m", "pdscope", "watch", llamacpp_server.url, "--once"],
-        capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "pdscope", "bench", llamacpp_server.url, "--concurrency", "8",
+         "--num-prompts", "12", "--input-len", "200", "--output-len", "32",
+         "--out", str(tmp_path), "--json"],
+        capture_output=True, text=True, timeout=300,
     )
-    assert r.returncode == 1
-    assert r.stdout == ""
-    assert r.stderr.startswith("pdscope: ") and r.stderr.count("\n") == 1
-    assert "has no /metrics endpoint (404)" in r.stderr
+    assert r.returncode == 0, r.stderr
+    bench = json.loads(r.stdout)
+    live_out, live_err = live.communicate(timeout=90)
+    assert live.returncode == 0, live_err
+    windows = [json.loads(line) for line in live_out.splitlines()]
+    assert max(w["num_requests_running"] for w in windows) == 4  # the lab's -np 4
+    assert max(w["num_requests_waiting"] for w in windows) > 0
+    peak = bench["server_metrics"]["peak"]
+    assert peak["num_requests_running"] == 4 and peak["num_requests_waiting"] > 0, peak
+    # Half the requests wait for a whole request's time before their prefill starts.
+    assert bench["p99_ttft_ms"] > bench["median_tpot_ms"] * 32 * 0.5, bench
 
 
 def test_watch_beside_bench_queues_and_agrees_with_the_clients_ttft(

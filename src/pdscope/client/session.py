@@ -243,6 +243,56 @@ def _origin(url: str) -> str:
     return f"{u.scheme}://{u.host}:{u.port}"
 
 
+
+# What aiohttp raises when it sends on a pooled connection that the server has already closed.
+STALE_CONNECTION = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError)
+
+
+def stale_connection(exc: BaseException, answered: bool) -> bool:
+    """``exc`` says that a request was written to a connection the server had closed, before
+    any answer came: nothing reached the server, so sending it again is safe."""
+    if answered or isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return "Can not write request body" in str(exc)
+
+
+async def _post_and_read(session: aiohttp.ClientSession, url: str, payload: bytes,
+                         headers: Mapping[str, str], builder: RecordBuilder,
+                         parser: StreamParser, timeouts: Timeouts, accept: str,
+                         max_chunks: int | None) -> None:
+    async with session.post(
+        url,
+        data=payload,
+        headers=headers,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
+        trace_request_ctx=builder,
+    ) as resp:
+        builder.headers_received = True
+        builder.http_status = resp.status
+        if resp.status >= 400:
+            text = await _read_body(resp)
+            builder.fail(
+                classify_status(resp.status, text),
+                f"{url}: HTTP {resp.status}: {server_message(text) or resp.reason}",
+            )
+            return
+        if accept == "text/event-stream" and resp.content_type == "application/json":
+            text = await _read_body(resp)
+            builder.fail("stream_broken", f"{url}: the server answered with one JSON body,"
+                         f" not a stream: {server_message(text, limit=120)}")
+            return
+        await _read_stream(resp, builder, parser, max_chunks)
+        if builder.error is not None:
+            resp.close()  # a half-read stream must not go back to the pool
+        elif not resp.content.at_eof():
+            try:
+                await asyncio.wait_for(resp.content.read(), _DRAIN_AFTER_DONE_S)
+            except (asyncio.TimeoutError, aiohttp.ClientError):
+                resp.close()
+
+
 async def stream_post(
     session: aiohttp.ClientSession,
     url: str,
@@ -270,37 +320,19 @@ async def stream_post(
     watchdog.arm()
     traced = is_traced(session)
     try:
-        if not traced:
-            builder.t_send_ns = now_ns()
-        async with session.post(
-            url,
-            data=payload,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
-            trace_request_ctx=builder,
-        ) as resp:
-            builder.headers_received = True
-            builder.http_status = resp.status
-            if resp.status >= 400:
-                text = await _read_body(resp)
-                builder.fail(
-                    classify_status(resp.status, text),
-                    f"{url}: HTTP {resp.status}: {server_message(text) or resp.reason}",
-                )
-                return
-            if accept == "text/event-stream" and resp.content_type == "application/json":
-                text = await _read_body(resp)
-                builder.fail("stream_broken", f"{url}: the server answered with one JSON body,"
-                             f" not a stream: {server_message(text, limit=120)}")
-                return
-            await _read_stream(resp, builder, parser, max_chunks)
-            if builder.error is not None:
-                resp.close()  # a half-read stream must not go back to the pool
-            elif not resp.content.at_eof():
-                try:
-                    await asyncio.wait_for(resp.content.read(), _DRAIN_AFTER_DONE_S)
-                except (asyncio.TimeoutError, aiohttp.ClientError):
-                    resp.close()
+        for attempt in (1, 2):
+            if not traced:
+                builder.t_send_ns = now_ns()
+            try:
+                await _post_and_read(session, url, payload, headers, builder, parser, timeouts,
+                                     accept, max_chunks)
+                break
+            except STALE_CONNECTION as exc:
+                # A kept-alive connection the server had closed: the request never reached
+                # it, so it goes again, once, on a new connection (llama-server closes the
+                # connection after every streamed answer while its headers say keep-alive).
+                if attempt == 2 or not stale_connection(exc, builder.headers_received):
+                    raise
     except asyncio.CancelledError:
         if watchdog.fired is None:
             builder.fail("cancelled", f"{url}: request cancelled after {builder.n_chunks} chunks")
@@ -384,21 +416,26 @@ async def get_json(
 ) -> Any:
     """The JSON a small request answers, or ``None`` for any failure or non-JSON answer
     (detection asks many questions a server may not know). Connection failures propagate."""
-    try:
-        async with session.request(
-            method,
-            url,
-            json=payload,
-            headers=auth_headers(api_key),
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as resp:
-            if resp.status >= 400:
-                return None
-            return await resp.json(content_type=None)
-    except aiohttp.ClientConnectorError:
-        raise
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return None
+    for attempt in (1, 2):
+        try:
+            async with session.request(
+                method,
+                url,
+                json=payload,
+                headers=auth_headers(api_key),
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as resp:
+                if resp.status >= 400:
+                    return None
+                return await resp.json(content_type=None)
+        except aiohttp.ClientConnectorError:
+            raise
+        except STALE_CONNECTION as exc:
+            if attempt == 2 or not stale_connection(exc, answered=False):
+                return None  # once more on a new connection: see stream_post
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None
+    return None
 
 
 async def get_text(

