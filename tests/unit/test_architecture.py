@@ -2,14 +2,17 @@
 docs/architecture.md lists, and only a server family's own module knows its name.
 
 The layers are read from the document itself, so the document and the code cannot drift apart:
-a module added to no layer, an import that goes up a layer, a cycle between two files or two
-subpackages, or a comparison with a family's name outside ``servers/`` fails here. The checker
-is shown to catch each of those on a small package planted in a temporary folder.
+a module added to no layer, an import that goes up a layer, an import between two packages of
+one layer that :data:`SAME_LAYER_ALLOWED` does not name, a cycle between two files or two
+subpackages, or a comparison with a family's name outside ``servers/`` fails here. The family
+names are those of :data:`pdscope.servers.FAMILIES`. The checker is shown to catch each of
+those on a small package planted in a temporary folder.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import textwrap
 from collections.abc import Iterable, Mapping
@@ -27,6 +30,15 @@ DOC = ROOT / "docs" / "architecture.md"
 # Where a family's name may be written in a comparison: its own modules, and the lab, which
 # names the engines it starts.
 NAMES_ALLOWED_IN = ("servers", "lab")
+
+# The imports between two packages of the same layer, (importer, imported), each with its reason.
+# Any other is a violation: one layer's packages are peers, and a peer that needs another is
+# either in the wrong layer or a sign that what it takes belongs lower down.
+SAME_LAYER_ALLOWED: Mapping[tuple[str, str], str] = {
+    ("__main__", "cli"): "`python -m pdscope` is the pdscope command: it only calls cli.main",
+    ("plan", "experiments"): "calibration connects and reads the server's settings and ceiling"
+                             " inputs as the experiments do (experiments/common.py, setup.py)",
+}
 
 
 @dataclass(frozen=True)
@@ -69,11 +81,19 @@ def _modules(package_dir: Path, name: str) -> dict[str, Path]:
     return out
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    """``TYPE_CHECKING`` or ``typing.TYPE_CHECKING`` alone: not ``not TYPE_CHECKING``, whose
+    body runs, nor ``TYPE_CHECKING and x``."""
+    return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+            or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
 def _type_checking_lines(tree: ast.Module) -> set[int]:
-    """Lines inside ``if TYPE_CHECKING:`` blocks: imports for annotations only."""
+    """Lines inside the body of ``if TYPE_CHECKING:`` blocks: imports for annotations only.
+    The ``else:`` of such a block runs, and so does the body of ``if not TYPE_CHECKING:``."""
     lines: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
             for child in node.body:
                 lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
     return lines
@@ -182,9 +202,12 @@ def family_name_uses(path: Path, family_names: set[str]) -> list[tuple[int, str]
 
 
 def check(package_dir: Path, name: str, layers: list[tuple[str, ...]],
-          family_names: set[str], allowed: tuple[str, ...] = NAMES_ALLOWED_IN
+          family_names: set[str], allowed: tuple[str, ...] = NAMES_ALLOWED_IN,
+          same_layer: Mapping[tuple[str, str], str] = SAME_LAYER_ALLOWED,
           ) -> list[Violation]:
-    """Every violation of the layering in ``package_dir`` (the package ``name``)."""
+    """Every violation of the layering in ``package_dir`` (the package ``name``).
+    ``same_layer`` names the (importer, imported) pairs of one layer's packages that may
+    import each other."""
     graph = import_graph(package_dir, name)
     level = {unit: i for i, units in enumerate(layers) for unit in units}
     out: list[Violation] = []
@@ -198,6 +221,11 @@ def check(package_dir: Path, name: str, layers: list[tuple[str, ...]],
             if other in level and level[other] > level[unit]:
                 out.append(Violation("upward import", module,
                                      f"imports {target} (layer {level[other]} > {level[unit]})"))
+            elif (other != unit and level.get(other) == level[unit]
+                  and (unit, other) not in same_layer):
+                out.append(Violation("same-layer import", module,
+                                     f"imports {target} (both layer {level[unit]}); list the"
+                                     f" pair in SAME_LAYER_ALLOWED with the reason, or move it"))
     for component in cycles(graph):
         out.append(Violation("file cycle", component[0], " ↔ ".join(component)))
     units: dict[str, set[str]] = {}
@@ -224,21 +252,45 @@ def test_pdscope_s_imports_run_down_the_documented_layers() -> None:
     assert not violations, "\n".join(map(str, violations))
 
 
+def test_each_same_layer_allowance_is_between_peers_and_still_used() -> None:
+    graph = import_graph(PACKAGE, "pdscope")
+    used = {(unit_of(m, "pdscope"), unit_of(t, "pdscope")) for m, ts in graph.items() for t in ts}
+    level = {unit: i for i, units in enumerate(read_layers(DOC)) for unit in units}
+    for (importer, imported), reason in SAME_LAYER_ALLOWED.items():
+        assert level[importer] == level[imported], f"{importer}, {imported}: not one layer"
+        assert (importer, imported) in used, f"{importer} no longer imports {imported}: drop it"
+        assert reason
+
+
 def test_every_layer_in_the_document_exists() -> None:
     units = {unit_of(m, "pdscope") for m in _modules(PACKAGE, "pdscope")}
     listed = {u for layer in read_layers(DOC) for u in layer}
     assert listed <= units, f"the document lists what the package lacks: {listed - units}"
 
 
-def test_each_family_has_its_own_module() -> None:
-    modules = {p.stem for p in (PACKAGE / "servers").glob("*.py")}
-    for module in ("vllm", "sglang", "llamacpp", "ollama", "tgi", "openai"):
-        assert module in modules
+# The modules of servers/ that every family shares; a family is defined in none of them.
+SHARED_SERVERS_MODULES = ("pdscope.servers", "pdscope.servers.family", "pdscope.servers.advice",
+                          "pdscope.servers.metric_map")
+
+
+def test_each_family_is_defined_in_a_module_of_its_own() -> None:
+    modules = [importlib.import_module(m) for m in _modules(PACKAGE / "servers", "pdscope.servers")
+               if m not in SHARED_SERVERS_MODULES]
+    for f in FAMILIES:
+        homes = [m.__name__ for m in modules if any(v is f for v in vars(m).values())]
+        # A family's home holds it under a name of its own (``openai.KNOWN``, a tuple of
+        # other modules' families, does not count).
+        assert len(homes) == 1, f"{f.name} is defined in {homes or 'no module of servers/'}"
+
+
+# Two real family names, for the planted package to compare with.
+FIRST, SECOND = (f.name for f in FAMILIES[:2])
 
 
 @pytest.fixture
 def planted(tmp_path: Path) -> Path:
-    """A package of three layers (``base`` < ``mid`` < ``top``) that breaks every rule once."""
+    """A package of three layers (``base`` < ``mid``, ``side`` < ``top``) that breaks every
+    rule."""
     pkg = tmp_path / "toy"
     files = {
         "__init__.py": "",
@@ -246,18 +298,24 @@ def planted(tmp_path: Path) -> Path:
         "mid/__init__.py": "from toy.mid.a import A\n",
         "mid/a.py": "from toy.mid import B\nfrom toy import top\nA = 1\n",  # cycle, upward
         "mid/b.py": "B = 2\n",
+        "side.py": "from toy.mid.b import B\n",  # a peer of the same layer
         "top.py": (
             "from toy import base, mid\n"
             "def f(info):\n"
-            "    if info.kind == 'vllm':\n"  # a family's name compared
+            f"    if info.kind == {FIRST!r}:\n"  # a family's name compared
             "        return 1\n"
-            "    return {'vllm': 1, 'sglang': 2}\n"  # a table keyed by family names
+            f"    return {{{FIRST!r}: 1, {SECOND!r}: 2}}\n"  # a table keyed by family names
         ),
         "stray.py": "",  # in no layer
         "typed.py": (
             "from typing import TYPE_CHECKING\n"
             "if TYPE_CHECKING:\n"
             "    from toy import top\n"  # annotations only: allowed
+        ),
+        "untyped.py": (
+            "from typing import TYPE_CHECKING\n"
+            "if not TYPE_CHECKING:\n"
+            "    from toy import top\n"  # runs: upward
         ),
     }
     for rel, text in files.items():
@@ -266,12 +324,21 @@ def planted(tmp_path: Path) -> Path:
     return pkg
 
 
-TOY_LAYERS = [("toy", "base", "typed"), ("mid",), ("top",)]
+TOY_LAYERS = [("toy", "base", "typed", "untyped"), ("mid", "side"), ("top",)]
 
 
 def test_the_checker_catches_an_upward_import(planted: Path) -> None:
     found = check(planted, "toy", TOY_LAYERS, FAMILY_NAMES)
-    assert [v.where for v in found if v.rule == "upward import"] == ["toy.mid.a"]
+    assert [v.where for v in found if v.rule == "upward import"] == ["toy.mid.a", "toy.untyped"]
+
+
+def test_the_checker_catches_an_import_between_peers_of_one_layer_not_allowed(
+        planted: Path) -> None:
+    found = check(planted, "toy", TOY_LAYERS, FAMILY_NAMES)
+    assert [v.where for v in found if v.rule == "same-layer import"] == ["toy.side"]
+    allowed = {("side", "mid"): "side reads mid's B"}
+    found = check(planted, "toy", TOY_LAYERS, FAMILY_NAMES, same_layer=allowed)
+    assert not [v for v in found if v.rule == "same-layer import"]
 
 
 def test_the_checker_catches_a_cycle_through_a_package_s_own_init(planted: Path) -> None:
@@ -287,15 +354,18 @@ def test_the_checker_catches_a_family_name_outside_servers(planted: Path) -> Non
     assert names == ["toy.top:3", "toy.top:5"]
 
 
-def test_the_checker_catches_a_module_in_no_layer_and_ignores_type_checking(
+def test_the_checker_catches_a_module_in_no_layer_and_ignores_only_type_checking_bodies(
         planted: Path) -> None:
     found = check(planted, "toy", TOY_LAYERS, FAMILY_NAMES)
     assert [v.where for v in found if v.rule == "unlisted"] == ["toy.stray"]
     assert not [v for v in found if v.where == "toy.typed"]
+    assert [v.detail for v in found if v.where == "toy.untyped"] == [
+        "imports toy.top (layer 2 > 0)"]
 
 
 def test_a_clean_package_passes(planted: Path) -> None:
-    for rel in ("top.py", "stray.py"):
+    for rel in ("top.py", "stray.py", "untyped.py"):
         (planted / rel).unlink()
     (planted / "mid/a.py").write_text("from toy.mid.b import B\nA = B\n")
-    assert check(planted, "toy", TOY_LAYERS[:2], FAMILY_NAMES) == []
+    allowed = {("side", "mid"): "side reads mid's B"}
+    assert check(planted, "toy", TOY_LAYERS[:2], FAMILY_NAMES, same_layer=allowed) == []

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+import pdscope as pdscope_package
+from pdscope import cli
 from pdscope.cli import build_parser
 from tests.conftest import MODEL_CONFIGS
 
@@ -149,9 +153,23 @@ def test_every_command_has_help_with_an_example() -> None:
         assert "examples:" in r.stdout and f"pdscope {name}" in r.stdout.split("examples:")[1]
 
 
-def test_version() -> None:
+def test_version_is_the_installed_distribution_s() -> None:
     r = pdscope("--version")
-    assert r.returncode == 0 and r.stdout.startswith("pdscope ")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"pdscope {metadata.version('pdscope')}\n"
+    assert re.fullmatch(r"pdscope \d+\.\d+\.\d+\n", r.stdout)
+
+
+def test_version_falls_back_to_the_package_s_own_when_pdscope_is_not_installed(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def not_installed(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(cli.metadata, "version", not_installed)
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"pdscope {pdscope_package.__version__}\n"
 
 
 def test_devices_json_lists_the_table_with_sources() -> None:

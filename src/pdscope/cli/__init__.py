@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from pdscope import __version__
 from pdscope.cli import (
@@ -46,6 +47,15 @@ COMMANDS = (
 )
 
 
+def version() -> str:
+    """The version pip installed (the distribution's metadata); the package's ``__version__``
+    where pdscope runs from a source tree that was never installed (``PYTHONPATH=src``)."""
+    try:
+        return metadata.version("pdscope")
+    except metadata.PackageNotFoundError:
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = CliParser(
         prog="pdscope",
@@ -65,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"pdscope {__version__}")
+    parser.add_argument("--version", action="version", version=f"pdscope {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CliParser)
     for module in COMMANDS:
         module.register(sub)

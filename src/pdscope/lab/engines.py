@@ -108,6 +108,12 @@ class Engine:
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("DO_NOT_TRACK", "1")
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if self.name == "llamacpp":
+            # ggml's OpenMP threads spin while they wait for work. On a 2-core machine that the
+            # client (and the test suite) share, spinning threads starve everything else: one
+            # stream decoded at 3.8 tokens/s beside a busy process, 66 with passive waiting,
+            # here. Passive waiting costs a single stream little when the machine is idle.
+            env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         if self.name == "vllm":
             # GiB of KV pool on CPU (vLLM's CPU backend sizes its pool from this, not from
             # --gpu-memory-utilization). 2 GiB holds ~90,000 tokens of SmolLM2.

@@ -46,14 +46,34 @@ FAMILIES: tuple[ServerFamily, ...] = (
 GENERIC = openai.FAMILY
 REFERENCE_KIND: ServerKind = reference.FAMILY.name
 
-# The families with a /metrics map, in the order their names are matched.
-METRIC_MAPS: tuple[MetricMap, ...] = tuple(
-    m for m in (vllm.METRICS, sglang.METRICS, llamacpp.METRICS, tgi.METRICS)
-)
-VLLM_METRICS, SGLANG_METRICS, LLAMACPP_METRICS, TGI_METRICS = METRIC_MAPS
-OLLAMA_NO_METRICS = ollama.NO_METRICS
-
 _BY_NAME: dict[str, ServerFamily] = {f.name: f for f in FAMILIES}
+
+
+def _metric_maps() -> tuple[MetricMap, ...]:
+    """Each family's /metrics map, in the order of :data:`FAMILIES`; a map two families share
+    is listed once."""
+    maps: dict[str, MetricMap] = {}
+    for f in FAMILIES:
+        if f.metric_map is not None:
+            maps.setdefault(f.metric_map.name, f.metric_map)
+    return tuple(maps.values())
+
+
+def _metric_map_of(kind: ServerKind) -> MetricMap:
+    m = _BY_NAME[kind].metric_map
+    if m is None:
+        raise ValueError(f"the {kind} family has no /metrics map")
+    return m
+
+
+# The families with a /metrics map, in the order their names are matched. A new family with a
+# map joins by being listed in FAMILIES; the names below are kept for their callers.
+METRIC_MAPS: tuple[MetricMap, ...] = _metric_maps()
+VLLM_METRICS = _metric_map_of("vllm")
+SGLANG_METRICS = _metric_map_of("sglang")
+LLAMACPP_METRICS = _metric_map_of("llama.cpp")
+TGI_METRICS = _metric_map_of("tgi")
+OLLAMA_NO_METRICS = ollama.NO_METRICS
 
 
 def family(kind: str | None) -> ServerFamily:
