@@ -33,15 +33,16 @@ from pdscope.plan.calibrate import load_calibration
 from pdscope.plan.capacity import max_rate
 from pdscope.plan.demand import LogNormalLengths, open_loop
 from pdscope.plan.scheduler import SchedulerConfig
-from pdscope.plan.simulate import SimResult, Slo, simulate
+from pdscope.plan.simulate import SimResult, simulate
 from pdscope.plan.stepmodel import StepModel
+from pdscope.slo import SLO
 
 ROOT = Path(__file__).resolve().parents[1]
 CALIBRATION = ROOT / "docs" / "lab-calibration.json"
 # A model of the lab's vLLM on a 2-core CPU.
 LAB_MODEL = StepModel(base_s=0.012, per_prompt_token_s=0.00045, per_sequence_s=0.0005,
                       per_context_token_s=2e-6, per_attention_pair_s=1e-9)
-LOOSE = Slo(ttft_s=60.0, itl_s=10.0)
+LOOSE = SLO(ttft_s=60.0, itl_s=10.0)
 
 
 def step_model() -> tuple[StepModel, str]:

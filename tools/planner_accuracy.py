@@ -42,6 +42,7 @@ from pdscope import lab
 from pdscope.cli.plan import measured_figures, parse_settings
 from pdscope.plan import DrawnLengths, SharedPrefix, load_calibration
 from pdscope.plan.capacity import saturation_rate
+from pdscope.slo import parse_slo
 from pdscope.workload.datasets import parse_lengths
 
 # Seeds of the planner's capacity for runs as long as the measured ones (their median).
@@ -157,7 +158,7 @@ def capacity(url: str, cal_dir: Path, work: Path, slo: str, input_len: str, outp
     length, gives the median over seeds of its capacity — the rate at which half the runs meet
     it, since each run's p99 grows with the rate. Its default answer (2,000 requests: what the
     server sustains) is recorded beside."""
-    limits = {k: float(v) / 1000 for k, v in (item.split(":") for item in slo.split(","))}
+    limits = parse_slo(slo).limits()
     common = ("plan", "capacity", str(cal_dir), "--slo", slo, "--input-len", input_len,
               "--output-len", output_len)
     sustained = pdscope(*common)

@@ -195,6 +195,7 @@ CASES: list[tuple[str, tuple[str, ...], int, str]] = [
     ("bench-input-len-negative", (*BENCH, "--input-len=-5"), 2, "--input-len"),
     ("bench-output-len-word", (*BENCH, "--output-len", "long"), 2, "--output-len"),
     ("bench-goodput-bad", (*BENCH, "--goodput", "ttft:soon"), 2, "goodput"),
+    ("bench-goodput-itl", (*BENCH, "--goodput", "itl:50"), 2, "use ttft:MS,tpot:MS,e2e:MS"),
     ("bench-dataset-missing", (*BENCH, "--dataset", "/no/such/prompts.jsonl"), 2,
      "no such file"),
     ("bench-max-failed-1.5", (*BENCH, "--max-failed", "1.5"), 2, "from 0 to 1"),

@@ -68,6 +68,12 @@ def test_goodput_counts_requests_within_every_objective() -> None:
     assert s["request_goodput"] == pytest.approx(1 / 2.0)
 
 
+def test_goodput_writes_its_objectives_in_the_milliseconds_given() -> None:
+    s = summarize_stage(stage_run([record(0, 100, 10, 5)]), parse_slo("ttft:4.35,e2e:5000"))
+    assert s["goodput_slo_ms"] == {"ttft": 4.35, "e2el": 5000.0}  # vllm bench serve's names
+    assert s["good_requests"] == 0
+
+
 def test_bad_goodput_spec_is_an_input_error() -> None:
     with pytest.raises(InputError):
         parse_slo("latency:5")

@@ -10,11 +10,11 @@ import pytest
 
 from pdscope import cli
 from pdscope.plan import (
+    SLO,
     Calibration,
     Disaggregation,
     FixedLengths,
     SchedulerConfig,
-    Slo,
     StepModel,
     max_rate,
     max_users,
@@ -86,7 +86,7 @@ def test_capacity_gives_the_highest_rate_and_the_most_users_that_meet_the_slo(
 ) -> None:
     got = pdscope_json(capsys, "plan", "capacity", str(cal), "--slo", "ttft:1500,itl:300",
                        "--input-len", "256", "--output-len", "64", "--num-requests", "300")
-    slo = Slo(ttft_s=1.5, itl_s=0.3)
+    slo = SLO(ttft_s=1.5, itl_s=0.3)
     rate = max_rate(MODEL, SCHEDULER, FixedLengths(256, 64), slo, num_requests=300)
     users = max_users(MODEL, SCHEDULER, FixedLengths(256, 64), slo, num_requests=300)
     assert got["max_rate_rps"] == pytest.approx(rate.rate_rps)
@@ -143,7 +143,7 @@ def test_capacity_disaggregated_searches_the_split(
                        "--input-len", "1500", "--output-len", "64", "--num-requests", "200",
                        "--disaggregate", "1:1")
     split = Disaggregation(1, 1, kv_bytes_per_token=23_040.0)
-    slo = Slo(ttft_s=3.0, itl_s=0.1)
+    slo = SLO(ttft_s=3.0, itl_s=0.1)
     users = max_users(MODEL, SCHEDULER, FixedLengths(1500, 64), slo, num_requests=200,
                       disaggregation=split)
     assert got["max_users"] == users.users and got["disaggregation"]["link_gb_s"] == 25.0

@@ -21,9 +21,10 @@ from pdscope.plan.demand import (
     open_loop,
 )
 from pdscope.plan.scheduler import SchedulerConfig
-from pdscope.plan.simulate import SimResult, Slo, simulate
+from pdscope.plan.simulate import SimResult, simulate
 from pdscope.plan.stepmodel import StepModel
 from pdscope.plan.whatif import standard_changes, what_if
+from pdscope.slo import SLO
 from tests.unit.test_plan_simulate import LAB, SHORT, STEP, assert_same
 
 # 1 MB a token over 1 GB/s: a 100-token prompt's KV cache takes 0.1 s.
@@ -226,7 +227,7 @@ def test_the_capacity_search_takes_the_split() -> None:
     # The link carries ten prompts a second, and bounds the first guess.
     assert estimate_rate(STEP, SchedulerConfig(), lengths, disaggregation=SLOW) == \
         pytest.approx(10.0)
-    slo = Slo(e2e_s=0.45)
+    slo = SLO(e2e_s=0.45)
     point = max_users(STEP, one_slot, lengths, slo, num_requests=60, disaggregation=SLOW)
     stagger = request_alone_s(STEP, one_slot, lengths, disaggregation=SLOW)
 
@@ -251,7 +252,7 @@ def test_whatif_sets_the_splits_beside_as_many_replicas() -> None:
     _, notes = standard_changes(LAB, SchedulerConfig(), {}, ())
     assert any("no disaggregation" in n for n in notes)
     rows = what_if([changes[0], *split.values()], FixedLengths(1500, 64),
-                   Slo(ttft_s=3.0, itl_s=0.1), num_requests=100)
+                   SLO(ttft_s=3.0, itl_s=0.1), num_requests=100)
     # On one server a second user's prompt lands in the first's decode steps: its ITL p99 is
     # a prompt's step. Apart, the decode steps meet 100 ms with more users.
     assert rows[0].users is not None and rows[1].users is not None

@@ -22,8 +22,9 @@ from pdscope.plan.demand import (
     open_loop,
 )
 from pdscope.plan.scheduler import SchedulerConfig
-from pdscope.plan.simulate import SimResult, Slo, simulate, weighted_percentile
+from pdscope.plan.simulate import SimResult, simulate, weighted_percentile
 from pdscope.plan.stepmodel import StepModel
+from pdscope.slo import SLO
 
 STEP = StepModel(0.010, 0.0, 0.0, 0.0, 0.0)  # every step 10 ms
 # A model of the lab's vLLM on a 2-core CPU (tools/bench_planner.py).
@@ -358,7 +359,7 @@ def test_the_summary_has_exactly_its_keys() -> None:
 
 
 def test_an_slo_judges_the_objective_furthest_over() -> None:
-    slo = Slo(ttft_s=0.2, itl_s=0.05)
+    slo = SLO(ttft_s=0.2, itl_s=0.05)
     summary = {"ttft_p99_s": 0.1, "itl_p99_s": 0.06}
     assert not slo.met(summary)
     assert slo.binding(summary) == "itl"  # 0.06 / 0.05 = 1.2 > 0.1 / 0.2
@@ -369,7 +370,7 @@ def test_an_slo_judges_the_objective_furthest_over() -> None:
 def test_an_slo_at_another_percentile_reads_the_result() -> None:
     r = simulate(demand((0.0, 100, 5), (0.0, 100, 5)), STEP, SchedulerConfig(max_num_seqs=1,
                                                                            ))
-    slo = Slo(ttft_s=0.05, percentile=75)
+    slo = SLO(ttft_s=0.05, percentile=75)
     # TTFTs 10 ms and 60 ms: the 75th percentile is the second.
     assert slo.observed(r) == {"ttft": pytest.approx(0.06)}
     assert not slo.met(r)
@@ -386,7 +387,7 @@ def test_an_slo_at_another_percentile_reads_the_result() -> None:
 ])
 def test_a_bad_slo_is_refused_in_plain_words(kwargs: dict[str, float], words: str) -> None:
     with pytest.raises(InputError, match=words) as info:
-        Slo(**kwargs)
+        SLO(**kwargs)
     assert "\n" not in str(info.value) and "--" not in str(info.value)
 
 

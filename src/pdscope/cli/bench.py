@@ -31,6 +31,7 @@ from pdscope.cli.common import (
     print_json,
     run_async,
     share,
+    slo_arg,
     warn,
     write_result,
 )
@@ -44,7 +45,7 @@ from pdscope.load.bench import BenchConfig, BenchResult, Workload, run_bench
 from pdscope.load.results import default_run_dir
 from pdscope.load.runner import Stage, StageRun
 from pdscope.load.schedule import parse_ints, parse_rates
-from pdscope.load.summary import parse_slo
+from pdscope.load.summary import GOODPUT_NAMES
 from pdscope.load.workers import auto_workers, import_ray
 from pdscope.selftest.check import saved_capacity
 from pdscope.workload.datasets import parse_lengths
@@ -200,11 +201,11 @@ def run(args: argparse.Namespace) -> int:
         prefix_tokens=args.prefix_tokens,
     )
     config = make_config(
-        BenchConfig, {"drain_s": "--drain", "ray_address": "--ray"},
+        BenchConfig, {"drain_s": "--drain", "ray_address": "--ray", "slo": "--goodput"},
         **client_kwargs(args),
         timeouts=Timeouts(connect=args.timeout_connect, first_token=args.timeout_first_token,
                           between_tokens=args.timeout_between_tokens, total=args.timeout_total),
-        slo=parse_slo(args.goodput) if args.goodput else None,
+        slo=slo_arg("--goodput", args.goodput, tuple(GOODPUT_NAMES)) if args.goodput else None,
         drain_s=args.drain,
         record_metrics=not args.no_metrics,
         client_capacity_streams=saved_capacity(),

@@ -12,7 +12,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -20,6 +20,7 @@ from rich.console import Console
 
 from pdscope.errors import InputError
 from pdscope.load.results import rescue_dir
+from pdscope.slo import METRICS, SLO, parse_slo
 
 
 def _width() -> int | None:
@@ -339,3 +340,12 @@ def make_config(factory: Callable[..., C], flags: dict[str, str] | None = None,
         for name in sorted(names, key=len, reverse=True):
             message = re.sub(rf"(?<![\w-]){re.escape(name)}\b", names[name], message)
         raise InputError(message) from None
+
+
+def slo_arg(flag: str, text: str, metrics: Sequence[str] = METRICS) -> SLO:
+    """``flag``'s ``ttft:MS,itl:MS`` as an :class:`~pdscope.slo.SLO`, ``metrics`` the objectives
+    the command can judge; a bad one is named with its flag."""
+    try:
+        return parse_slo(text, metrics)
+    except InputError as exc:
+        raise InputError(f"{flag}: {exc}") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.table import Table
@@ -16,15 +17,22 @@ from pdscope.cli.common import (
     out_folder,
     print_json,
     run_async,
+    slo_arg,
     warn,
 )
 from pdscope.cli.compare import show as show_comparison
 from pdscope.cli.server_args import add_server_args, check_ceiling_args, client_kwargs
 from pdscope.compare import compare, read_side
 from pdscope.doctor.report import phase_cards, write_run
-from pdscope.doctor.run import DoctorConfig, DoctorRun, previous_interference, run_doctor
-from pdscope.errors import InputError
+from pdscope.doctor.run import (
+    DEFAULT_SLO,
+    DoctorConfig,
+    DoctorRun,
+    previous_interference,
+    run_doctor,
+)
 from pdscope.load.results import default_run_dir, rescue_dir
+from pdscope.slo import SLO
 
 EXAMPLES = """
   pdscope doctor http://127.0.0.1:28100 --quick      the lab's vLLM, in under a minute
@@ -65,31 +73,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def parse_slo(text: str) -> tuple[float, float]:
-    limits = {"ttft": 2000.0, "itl": 200.0}
-    for part in text.split(","):
-        name, _, value = part.partition(":")
-        name = name.strip().lower()
-        if name not in limits:
-            raise InputError(f"bad --slo {part!r}: use ttft:MS,itl:MS")
-        try:
-            limits[name] = float(value)
-        except ValueError:
-            raise InputError(f"bad --slo {part!r}: the limit is in milliseconds") from None
-        if not 0 < limits[name] < float("inf"):
-            raise InputError(f"bad --slo {part!r}: the limit must be a positive number of"
-                             " milliseconds")
-    return limits["ttft"], limits["itl"]
+def doctor_slo(text: str) -> SLO:
+    """``--slo``: the objectives given, the default's for the one left out."""
+    given = slo_arg("--slo", text, ("ttft", "itl"))
+    return replace(DEFAULT_SLO, **{f"{m}_s": v for m, v in given.limits().items()})
 
 
 def run(args: argparse.Namespace) -> int:
-    ttft_ms, itl_ms = parse_slo(args.slo)
     out = Path(args.out) if args.out else default_run_dir("doctor")
     config = make_config(
-        DoctorConfig, {"slo_ttft_ms": "--slo ttft", "slo_itl_ms": "--slo itl"},
-        quick=args.quick, **client_kwargs(args), device=args.device,
-        model_config=args.model_config, slo_ttft_ms=ttft_ms,
-        slo_itl_ms=itl_ms, out=out, compare_with=tuple(Path(p) for p in args.compare_with),
+        DoctorConfig, quick=args.quick, **client_kwargs(args), device=args.device,
+        model_config=args.model_config, slo=doctor_slo(args.slo), out=out,
+        compare_with=tuple(Path(p) for p in args.compare_with),
     )
     # Everything that would otherwise fail only at the end is read before the first request.
     for folder in config.compare_with:

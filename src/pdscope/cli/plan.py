@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import fields, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from pdscope.cli.common import (
     positive_int,
     print_json,
     share,
+    slo_arg,
     write_result,
 )
 from pdscope.cli.experiment import progress_bar
@@ -53,10 +55,11 @@ from pdscope.plan.demand import (
 from pdscope.plan.disaggregation import DEFAULT_LINK_GB_S, Disaggregation
 from pdscope.plan.fromruns import calibrate_from_runs
 from pdscope.plan.scheduler import SchedulerConfig
-from pdscope.plan.simulate import Slo, simulate
+from pdscope.plan.simulate import simulate
 from pdscope.plan.stepmodel import TERMS, StepModel
 from pdscope.plan.whatif import DEVICES, on_device, standard_changes, what_if
 from pdscope.report.fmt import seconds
+from pdscope.slo import SLO
 from pdscope.workload.datasets import load_dataset, parse_lengths
 
 EXAMPLES = """
@@ -230,19 +233,9 @@ def _add_slo_args(p: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- flags to library
 
 
-def parse_slo(text: str, percentile: float = 99.0) -> Slo:
-    """``ttft:1000,itl:100`` (milliseconds) as an :class:`Slo` (seconds)."""
-    limits: dict[str, float] = {}
-    for part in text.split(","):
-        name, sep, value = part.partition(":")
-        name = name.strip().lower()
-        if name not in ("ttft", "itl", "tpot", "e2e") or not sep:
-            raise InputError(f"--slo {part!r}: use ttft:MS, itl:MS, tpot:MS or e2e:MS")
-        try:
-            limits[f"{name}_s"] = float(value) / 1000
-        except ValueError:
-            raise InputError(f"--slo {part!r}: the limit is a number of milliseconds") from None
-    return make_config(Slo, {"percentile": "--percentile"}, percentile=percentile, **limits)
+def slo_from(args: argparse.Namespace) -> SLO:
+    """``--slo`` (milliseconds) at ``--percentile``, as an :class:`SLO` (seconds)."""
+    return make_config(partial(replace, slo_arg("--slo", args.slo)), percentile=args.percentile)
 
 
 def split_counts(text: str) -> tuple[int, int]:
@@ -558,7 +551,7 @@ def _s(x: float | None) -> str:
 
 
 def run_capacity(args: argparse.Namespace) -> int:
-    slo = parse_slo(args.slo, args.percentile)
+    slo = slo_from(args)
     cal = load_calibration(args.calibration)
     model, scheduler = server_under_test(args, cal)
     split = split_from(args, cal)
@@ -590,10 +583,9 @@ def run_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
-def capacity_json(rate: CapacityPoint, users: CapacityPoint, slo: Slo) -> dict[str, Any]:
+def capacity_json(rate: CapacityPoint, users: CapacityPoint, slo: SLO) -> dict[str, Any]:
     return {
-        "slo": {**{f"{m}_s": v for m, v in slo.limits().items()},
-                "percentile": slo.percentile},
+        "slo": slo.to_json(),
         "max_rate_rps": rate.rate_rps, "max_users": users.users,
         "binding": rate.binding, "binding_users": users.binding,
         "saturation_rps": rate.saturation_rps,
@@ -601,12 +593,12 @@ def capacity_json(rate: CapacityPoint, users: CapacityPoint, slo: Slo) -> dict[s
     }
 
 
-def _slo_words(slo: Slo) -> str:
+def _slo_words(slo: SLO) -> str:
     return ", ".join(f"{slo.describe(m)} ≤ {seconds(v)}" for m, v in slo.limits().items())
 
 
 def run_whatif(args: argparse.Namespace) -> int:
-    slo = parse_slo(args.slo, args.percentile)
+    slo = slo_from(args)
     cal = load_calibration(args.calibration)
     model, scheduler = server_under_test(args, cal)
     devices = [d for d in args.devices.split(",") if d.strip()]

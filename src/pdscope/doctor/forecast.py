@@ -12,9 +12,11 @@ from collections.abc import Sequence
 
 from pdscope.charts import Chart, Series
 from pdscope.doctor.evidence import LoadEvidence, PlanEvidence
-from pdscope.plan import Calibration, FixedLengths, Slo, SloUnreachable, closed_loop, simulate
+from pdscope.errors import InputError
+from pdscope.plan import Calibration, FixedLengths, SloUnreachable, closed_loop, simulate
 from pdscope.plan.capacity import max_users, request_alone_s
 from pdscope.plan.whatif import Change, scheduler_changes, what_if
+from pdscope.slo import SLO
 
 # Requests simulated at each load: enough for a p99 (a few hundred), few enough for a second.
 REQUESTS = 400
@@ -22,10 +24,13 @@ REQUESTS = 400
 CURVE_USERS = (1, 2, 4, 8, 16, 32)
 
 
-def forecast(cal: Calibration, slo_ttft_s: float, slo_itl_s: float, input_tokens: int,
-             output_tokens: int, levels: Sequence[int] = ()) -> PlanEvidence:
-    """The planner's answer for ``input_tokens``-in, ``output_tokens``-out users at the SLO."""
-    slo = Slo(ttft_s=slo_ttft_s, itl_s=slo_itl_s)
+def forecast(cal: Calibration, slo: SLO, input_tokens: int, output_tokens: int,
+             levels: Sequence[int] = ()) -> PlanEvidence:
+    """The planner's answer for ``input_tokens``-in, ``output_tokens``-out users at ``slo``
+    (its TTFT and ITL objectives)."""
+    slo_ttft_s, slo_itl_s = slo.ttft_s, slo.itl_s
+    if slo_ttft_s is None or slo_itl_s is None:
+        raise InputError("a forecast needs an slo with both ttft_s and itl_s")
     lengths = FixedLengths(input_tokens, output_tokens)
     model, scheduler = cal.step_model, cal.scheduler
     users: int | None = None
@@ -52,7 +57,7 @@ def forecast(cal: Calibration, slo_ttft_s: float, slo_itl_s: float, input_tokens
         assumptions=cal.assumptions)
 
 
-def _best_change(cal: Calibration, lengths: FixedLengths, slo: Slo, users: int | None
+def _best_change(cal: Calibration, lengths: FixedLengths, slo: SLO, users: int | None
                  ) -> tuple[str | None, int | None]:
     """The scheduler change that holds the most users, when it holds more than today."""
     base = Change("as calibrated", cal.step_model, cal.scheduler)

@@ -21,7 +21,6 @@ from typing import Any
 from pdscope import roofline
 from pdscope.charts import Chart, Series
 from pdscope.client import ClientOptions, is_loopback
-from pdscope.client.options import at_least
 from pdscope.doctor.evidence import (
     ContextEvidence,
     Evidence,
@@ -61,8 +60,12 @@ from pdscope.metrics import (
 )
 from pdscope.plan import CalibrationConfig, run_calibration
 from pdscope.servers import ServerSettings
+from pdscope.slo import SLO
 from pdscope.stats import percentile
 from pdscope.workload.datasets import Lengths
+
+# The objectives the load levels and the forecast are judged by unless the caller gives others.
+DEFAULT_SLO = SLO(ttft_s=2.0, itl_s=0.2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,19 +76,35 @@ class DoctorConfig(ClientOptions):
     quick: bool = False
     device: str | None = None
     model_config: str | None = None
-    slo_ttft_ms: float = 2000.0
-    slo_itl_ms: float = 200.0
+    slo: SLO = DEFAULT_SLO
     out: Path = Path("runs/doctor")
     compare_with: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        at_least(self.slo_ttft_ms, 0, "slo_ttft_ms")
-        at_least(self.slo_itl_ms, 0, "slo_itl_ms")
+        if self.slo.ttft_s is None or self.slo.itl_s is None:
+            raise InputError("the doctor's slo needs both ttft_s and itl_s")
+        if self.slo.tpot_s is not None or self.slo.e2e_s is not None:
+            raise InputError("the doctor judges ttft_s and itl_s only: its slo cannot hold"
+                             " tpot_s or e2e_s")
+        if self.slo.percentile != 99:
+            raise InputError("the doctor judges the p99: its slo's percentile must be 99, got"
+                             f" {self.slo.percentile:g}")
         for folder in self.compare_with:
             if not (Path(folder) / "evidence.json").is_file():
                 raise InputError(f"{folder} holds no evidence.json: compare with a folder an"
                                  " earlier `pdscope doctor` wrote")
+
+    def to_json(self) -> dict[str, Any]:
+        """As :meth:`ClientOptions.to_json`, the SLO as ``slo_ttft_ms`` and ``slo_itl_ms``."""
+        out: dict[str, Any] = {}
+        for key, value in super().to_json().items():
+            if key == "slo":
+                limits = self.slo.limits_ms()
+                out |= {"slo_ttft_ms": limits["ttft"], "slo_itl_ms": limits["itl"]}
+            else:
+                out[key] = value
+        return out
 
 
 @dataclass
@@ -213,7 +232,12 @@ def interference_evidence(result: InterferenceResult,
     )
 
 
-def load_evidence(bench: BenchResult, slo_ttft_s: float, slo_itl_s: float) -> LoadEvidence:
+def load_evidence(bench: BenchResult, slo: SLO) -> LoadEvidence:
+    """Each load level's figures, and whether its TTFT and ITL p99 met ``slo`` with no
+    request failed."""
+    slo_ttft_s, slo_itl_s = slo.ttft_s, slo.itl_s
+    if slo_ttft_s is None or slo_itl_s is None:
+        raise InputError("load levels are judged by an slo with both ttft_s and itl_s")
     levels = []
     for summary in bench.summaries:
 
@@ -397,7 +421,7 @@ async def run_doctor(url: str, config: DoctorConfig,
                                  output_len=Lengths("fixed", LOAD_OUTPUT_TOKENS)), folder,
                 server=server)
             results["capacity"] = bench.summaries
-            load = load_evidence(bench, config.slo_ttft_ms / 1000, config.slo_itl_ms / 1000)
+            load = load_evidence(bench, config.slo)
             queue = queue_evidence(folder / "metrics.jsonl")
             charts.append(load_chart(load))
 
@@ -410,8 +434,7 @@ async def run_doctor(url: str, config: DoctorConfig,
             skipped["plan"] = f"the planner's calibration failed: {exc}"
         else:
             results["plan"] = calibration.to_json()
-            plan = forecast(calibration, config.slo_ttft_ms / 1000, config.slo_itl_ms / 1000,
-                            LOAD_INPUT_TOKENS, LOAD_OUTPUT_TOKENS,
+            plan = forecast(calibration, config.slo, LOAD_INPUT_TOKENS, LOAD_OUTPUT_TOKENS,
                             [lv.concurrency for lv in load.levels] if load else ())
             charts.append(forecast_chart(plan, load))
 

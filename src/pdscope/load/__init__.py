@@ -4,7 +4,8 @@ from pdscope.load.bench import BenchConfig, BenchResult, Workload, run_bench
 from pdscope.load.results import BenchRun, read_run
 from pdscope.load.runner import Finished, Stage, StageRun, run_stage
 from pdscope.load.schedule import arrival_offsets
-from pdscope.load.summary import SLO, parse_slo, summarize_stage
+from pdscope.load.summary import summarize_stage
+from pdscope.slo import SLO, parse_slo
 
 __all__ = [
     "SLO",

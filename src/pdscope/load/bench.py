@@ -31,7 +31,7 @@ from pdscope.client.options import at_least
 from pdscope.errors import InputError
 from pdscope.load.results import RunFolder
 from pdscope.load.runner import ProgressFn, Stage, StageRun, run_stage
-from pdscope.load.summary import SLO, summarize_stage
+from pdscope.load.summary import summarize_stage
 from pdscope.load.workers import RayPool, check_ray_address, open_pool, run_stage_workers
 from pdscope.metrics import (
     MetricsRecorder,
@@ -43,6 +43,7 @@ from pdscope.metrics import (
     peak_waiting_window,
     window_record,
 )
+from pdscope.slo import SLO
 from pdscope.workload.datasets import (
     Lengths,
     WorkItem,
@@ -86,7 +87,8 @@ class BenchConfig(ClientOptions):
     completed fails. ``workers``: split each stage between this many worker processes
     (:mod:`pdscope.load.workers`); ``None``: run it in this process. ``ray_address``: split it
     between Ray actors, one on each node of that cluster (``local``, ``auto``,
-    ``ray://HOST:PORT`` or ``HOST:PORT``)."""
+    ``ray://HOST:PORT`` or ``HOST:PORT``). ``slo``: the objectives each request is judged by
+    for goodput."""
 
     slo: SLO | None = None
     drain_s: float = 30.0
@@ -100,6 +102,9 @@ class BenchConfig(ClientOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         at_least(self.drain_s, 0, "drain_s")
+        if self.slo is not None and self.slo.itl_s is not None:
+            raise InputError("goodput judges each request by ttft_s, tpot_s or e2e_s: a request"
+                             " has no one ITL, so slo cannot hold itl_s")
         if self.workers is not None:
             at_least(self.workers, 1, "workers")
             if self.ray_address is not None:

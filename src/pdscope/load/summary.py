@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from pdscope.errors import InputError
 from pdscope.load.runner import Finished, StageRun
+from pdscope.slo import SLO
 from pdscope.units import NS
 
 PERCENTILES = (50, 90, 95, 99)
+# The objectives' names in ``goodput_slo_ms``: ``vllm bench serve --goodput``'s.
+GOODPUT_NAMES = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2el"}
 
 
 def _stats(values: Sequence[float]) -> dict[str, float | None]:
@@ -42,37 +43,6 @@ def _stats(values: Sequence[float]) -> dict[str, float | None]:
         "max": float(xs.max()),
         "std": float(xs.std()),
     }
-
-
-@dataclass(frozen=True)
-class SLO:
-    """Service-level objectives in milliseconds, as ``--goodput ttft:500,tpot:50``."""
-
-    limits_ms: Mapping[str, float]
-
-    def met(self, f: Finished) -> bool:
-        r = f.record
-        for key, limit in self.limits_ms.items():
-            value = {"ttft": r.ttft_s, "tpot": r.tpot_s, "e2el": r.e2e_s, "e2e": r.e2e_s}[key]
-            if value is None and key == "tpot" and (r.output_tokens or 0) <= 1:
-                continue  # a one-token answer has no TPOT; it cannot miss that objective
-            if value is None or value * 1000 > limit:
-                return False
-        return True
-
-
-def parse_slo(text: str) -> SLO:
-    limits: dict[str, float] = {}
-    for part in text.split(","):
-        name, _, value = part.partition(":")
-        name = name.strip().lower()
-        if name not in ("ttft", "tpot", "e2el", "e2e"):
-            raise InputError(f"bad --goodput {part!r}: use ttft:MS, tpot:MS or e2el:MS")
-        try:
-            limits[name] = float(value)
-        except ValueError:
-            raise InputError(f"bad --goodput {part!r}: the limit is in milliseconds") from None
-    return SLO(limits)
 
 
 def peak_output_rate(finished: Sequence[Finished], window_s: float = 1.0) -> float | None:
@@ -149,8 +119,10 @@ def summarize_stage(run: StageRun, slo: SLO | None = None) -> dict[str, Any]:
             s[f"p{p}_{name}_ms"] = st[f"p{p}"]
         s[f"max_{name}_ms"] = st["max"]
     if slo is not None:
-        good = [f for f in ok if slo.met(f)]
-        s["goodput_slo_ms"] = dict(slo.limits_ms)
+        good = [f for f in ok if slo.met_by_request(
+            ttft_s=f.record.ttft_s, tpot_s=f.record.tpot_s, e2e_s=f.record.e2e_s,
+            output_tokens=f.record.output_tokens)]
+        s["goodput_slo_ms"] = {GOODPUT_NAMES.get(m, m): v for m, v in slo.limits_ms().items()}
         s["good_requests"] = len(good)
         s["request_goodput"] = len(good) / duration
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)

@@ -7,14 +7,14 @@ simulator of its scheduler (:mod:`~pdscope.plan.simulate`) under a demand
 still meets the SLO, and :mod:`~pdscope.plan.whatif` sets one change at a time beside the
 server as it is::
 
-    from pdscope.plan import FixedLengths, Slo, load_calibration, max_rate, open_loop, simulate
+    from pdscope.plan import SLO, FixedLengths, load_calibration, max_rate, open_loop, simulate
 
     cal = load_calibration("cal/")
     result = simulate(open_loop(2000, 1.5, FixedLengths(512, 128)), cal.step_model,
                       cal.scheduler)
     print(result.summary()["ttft_p99_s"])
     print(max_rate(cal.step_model, cal.scheduler, FixedLengths(512, 128),
-                   Slo(ttft_s=1.0, itl_s=0.1)).rate_rps)
+                   SLO(ttft_s=1.0, itl_s=0.1)).rate_rps)
     # prefill and decode apart, the KV cache over a 25 GB/s link:
     split = Disaggregation(1, 3, link_gb_s=25, kv_bytes_per_token=cal.server["kv_bytes_per_token"])
     simulate(open_loop(2000, 1.5, FixedLengths(512, 128)), cal.step_model, cal.scheduler,
@@ -44,10 +44,12 @@ from pdscope.plan.demand import (
 from pdscope.plan.disaggregation import Disaggregation
 from pdscope.plan.fromruns import calibrate_from_runs
 from pdscope.plan.scheduler import SchedulerConfig
-from pdscope.plan.simulate import SimResult, Slo, simulate
+from pdscope.plan.simulate import SimResult, simulate
 from pdscope.plan.stepmodel import StepModel, StepObservation, fit_step_model, roofline_prior
+from pdscope.slo import SLO
 
 __all__ = [
+    "SLO",
     "Calibration",
     "CalibrationConfig",
     "CapacityPoint",
@@ -60,7 +62,6 @@ __all__ = [
     "SchedulerConfig",
     "SharedPrefix",
     "SimResult",
-    "Slo",
     "SloUnreachable",
     "StepModel",
     "StepObservation",

@@ -29,8 +29,9 @@ from pdscope.errors import InputError
 from pdscope.plan.demand import LengthMix, SharedPrefix, closed_loop, open_loop
 from pdscope.plan.disaggregation import Disaggregation
 from pdscope.plan.scheduler import SchedulerConfig
-from pdscope.plan.simulate import SimResult, Slo, simulate
+from pdscope.plan.simulate import SimResult, simulate
 from pdscope.plan.stepmodel import StepModel, attention_pairs
+from pdscope.slo import SLO
 
 # Bisection stops when the bracket's ends are this close (relative).
 RATE_TOLERANCE = 0.01
@@ -126,7 +127,7 @@ def saturated(result: SimResult) -> bool:
     return bool((hi - lo) / served_span < SATURATION_SHARE * (hi - lo) / offered_span)
 
 
-def max_rate(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix, slo: Slo, *,
+def max_rate(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix, slo: SLO, *,
              num_requests: int = 2000, seed: int = 0, shared_prefix: SharedPrefix | None = None,
              burstiness: float = 1.0, disaggregation: Disaggregation | None = None
              ) -> CapacityPoint:
@@ -204,7 +205,7 @@ def _saturation(runs: dict[float, SimResult], run: Callable[[float], SimResult]
     return lo
 
 
-def max_users(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix, slo: Slo, *,
+def max_users(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix, slo: SLO, *,
               think_s: float = 0.0, num_requests: int = 2000, seed: int = 0,
               shared_prefix: SharedPrefix | None = None,
               stagger_s: float | None = None,
@@ -248,7 +249,7 @@ def max_users(model: StepModel, scheduler: SchedulerConfig, lengths: LengthMix, 
         users=lo, tried=tuple((float(u), slo.met(r)) for u, r in sorted(runs.items())))
 
 
-def _unreachable(slo: Slo, result: SimResult, lead: str) -> str:
+def _unreachable(slo: SLO, result: SimResult, lead: str) -> str:
     metric = slo.binding(result)
     value = slo.observed(result)[metric]
     limit = slo.limits()[metric]

@@ -36,7 +36,6 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
@@ -50,9 +49,7 @@ from pdscope.plan.engine import BudgetEngine, Engine, SlotsEngine, Stats
 from pdscope.plan.ledger import Ledger
 from pdscope.plan.scheduler import SchedulerConfig
 from pdscope.plan.stepmodel import StepModel, with_jitter
-
-METRICS = ("ttft", "itl", "tpot", "e2e")
-_METRIC_WORDS = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "end-to-end latency"}
+from pdscope.slo import METRICS
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -219,73 +216,6 @@ class SimResult:
 
 def _number(x: float) -> float | None:
     return None if math.isnan(x) else x
-
-
-@dataclass(frozen=True)
-class Slo:
-    """Service-level objectives: the ``percentile`` of each latency given (seconds) must be at
-    most its limit. ``None``: no objective on that latency."""
-
-    ttft_s: float | None = None
-    itl_s: float | None = None
-    tpot_s: float | None = None
-    e2e_s: float | None = None
-    percentile: float = 99
-
-    def __post_init__(self) -> None:
-        limits = self.limits()
-        if not limits:
-            raise InputError("an SLO needs at least one objective: TTFT, ITL, TPOT or"
-                             " end-to-end latency")
-        for metric, limit in limits.items():
-            if not (isinstance(limit, (int, float)) and math.isfinite(limit) and limit > 0):
-                raise InputError(f"the {_METRIC_WORDS[metric]} objective must be a positive"
-                                 f" number of seconds, got {limit!r}")
-        q = self.percentile
-        if not (isinstance(q, (int, float)) and 0 < q <= 100):
-            raise InputError(f"the SLO's percentile must be above 0 and at most 100, got {q!r}")
-
-    def limits(self) -> dict[str, float]:
-        """The objectives given, by metric."""
-        out = {}
-        for metric in METRICS:
-            limit = getattr(self, f"{metric}_s")
-            if limit is not None:
-                out[metric] = limit
-        return out
-
-    def observed(self, source: SimResult | Mapping[str, Any]) -> dict[str, float]:
-        """Each objective's latency at the SLO's percentile, from a result or its summary
-        (which holds p50 and p99, and p90 of the TTFT); ``nan`` where there is none."""
-        out = {}
-        for metric in self.limits():
-            if isinstance(source, SimResult):
-                out[metric] = source.percentile(metric, self.percentile)
-                continue
-            key = f"{metric}_p{self.percentile:g}_s"
-            if key not in source:
-                raise InputError(f"a summary has no {_METRIC_WORDS[metric]} at percentile"
-                                 f" {self.percentile:g}: judge the result itself")
-            value = source[key]
-            out[metric] = math.nan if value is None else float(value)
-        return out
-
-    def ratios(self, source: SimResult | Mapping[str, Any]) -> dict[str, float]:
-        """Each objective's latency over its limit (``inf`` with no latency to judge)."""
-        limits = self.limits()
-        return {m: (math.inf if math.isnan(v) else v / limits[m])
-                for m, v in self.observed(source).items()}
-
-    def met(self, source: SimResult | Mapping[str, Any]) -> bool:
-        return all(r <= 1 for r in self.ratios(source).values())
-
-    def binding(self, source: SimResult | Mapping[str, Any]) -> str:
-        """The objective furthest over its limit (or closest to it, when all are met)."""
-        ratios = self.ratios(source)
-        return max(ratios, key=lambda m: ratios[m])
-
-    def describe(self, metric: str) -> str:
-        return f"{_METRIC_WORDS[metric]} p{self.percentile:g}"
 
 
 def simulate(demand: Demand, model: StepModel, scheduler: SchedulerConfig, *,

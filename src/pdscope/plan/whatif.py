@@ -28,8 +28,9 @@ from pdscope.plan.capacity import SloUnreachable, max_users, request_alone_s
 from pdscope.plan.demand import LengthMix, SharedPrefix, closed_loop
 from pdscope.plan.disaggregation import DEFAULT_LINK_GB_S, Disaggregation
 from pdscope.plan.scheduler import SchedulerConfig
-from pdscope.plan.simulate import Slo, simulate
+from pdscope.plan.simulate import simulate
 from pdscope.plan.stepmodel import StepModel
+from pdscope.slo import SLO
 
 # The article's devices, and the token budgets the advice names (vLLM's default 2,048; 256 and
 # 512 to shorten the pauses a prefill makes; 8,192 for throughput).
@@ -201,7 +202,7 @@ def standard_changes(model: StepModel, scheduler: SchedulerConfig,
     return changes, notes + more
 
 
-def what_if(changes: Sequence[Change], lengths: LengthMix, slo: Slo, *, think_s: float = 0.0,
+def what_if(changes: Sequence[Change], lengths: LengthMix, slo: SLO, *, think_s: float = 0.0,
             num_requests: int = 1000, seed: int = 0,
             shared_prefix: SharedPrefix | None = None) -> list[WhatIfRow]:
     """Each change's users at the SLO, and its TTFT and ITL p99 with the first change's
@@ -224,7 +225,7 @@ def what_if(changes: Sequence[Change], lengths: LengthMix, slo: Slo, *, think_s:
     return rows
 
 
-def _capacity(change: Change, lengths: LengthMix, slo: Slo, think_s: float,
+def _capacity(change: Change, lengths: LengthMix, slo: SLO, think_s: float,
               num_requests: int, seed: int, shared_prefix: SharedPrefix | None
               ) -> tuple[int | None, str | None, str | None]:
     try:
