@@ -16,8 +16,13 @@ demo: $(LAB)
 # Every test: one that needs Chromium or the lab's model file and cannot find it is an error
 # here (PDSCOPE_REQUIRE_ALL, tests/conftest.py), never a skip. The browser comes first: where it
 # cannot be installed, the run stops in seconds with the command to run, before the lab's build.
+# The unit tests run in UNIT_WORKERS processes (pytest-xdist: 7.7 min in one, 4.0 in two on two
+# cores, most of them waiting on the reference server's schedule); the lab's run one at a time,
+# as their servers' timings would otherwise share the cores.
+UNIT_WORKERS ?= 2
 test: browser $(LAB) lint
-	PDSCOPE_REQUIRE_ALL=1 $(BIN)/python -m pytest tests/unit tests/lab
+	PDSCOPE_REQUIRE_ALL=1 $(BIN)/python -m pytest -n $(UNIT_WORKERS) tests/unit
+	PDSCOPE_REQUIRE_ALL=1 $(BIN)/python -m pytest tests/lab
 
 # The tests without the lab servers. Those that need Chromium (pytest marker `browser`) or the
 # lab's model file (`model_file`) are skipped, with the reason, where it is missing.
@@ -40,11 +45,16 @@ browser:
 	tools/install-browser.sh
 
 # The client's timing figures (docs/benchmarks.md): its self-test, and pdscope bench beside
-# vllm bench serve on the reference server (GuideLLM too when .venv-compare exists: see
-# tools/README.md). Prints the tables; a noisy machine changes figures, not the exit status.
+# vllm bench serve on the reference server (GuideLLM too when .venv-compare exists, AIPerf when
+# .venv-aiperf does, inference-perf when .venv-infperf does: see tools/README.md). Prints the
+# tables; a noisy machine changes figures, not the exit status.
+comma := ,
+BENCH_TOOLS := vllm$(if $(wildcard .venv-compare/bin/guidellm),$(comma)guidellm)$\
+	$(if $(wildcard .venv-aiperf/bin/aiperf),$(comma)aiperf)$\
+	$(if $(wildcard .venv-infperf/bin/inference-perf),$(comma)infperf),pdscope
 bench: $(LAB)
 	$(BIN)/python tools/selftest_doc.py
-	$(BIN)/python tools/bench_clients.py --tools vllm,pdscope --concurrency 1,50,200 \
+	$(BIN)/python tools/bench_clients.py --tools $(BENCH_TOOLS) --concurrency 1,50,200 \
 		--repeat-c1 1 --no-doc
 	$(BIN)/python tools/bench_planner.py
 

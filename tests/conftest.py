@@ -9,6 +9,12 @@ from pathlib import Path
 
 import pytest
 
+# pytest-xdist's workers run with COLUMNS=80 (and LINES) set; the tests read what a plain
+# run prints (pdscope's piped output is 120 columns unless COLUMNS says otherwise).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 DATA = Path(__file__).parent / "data"
 FIXTURES = DATA / "fixtures"
 MODEL_CONFIGS = FIXTURES / "model-configs"

@@ -207,3 +207,16 @@ def f_quantile(q: float, d1: int, d2: int) -> float:
         if hi - lo <= 1e-12 * hi:
             break
     return (lo + hi) / 2.0
+
+
+def server_first_token_late_ms(records: Iterable[Mapping[str, object]]) -> float:
+    """The reference server's own lateness on the first token, median over the requests, in ms
+    (sent − due, from the times it writes into every chunk; 0 where a record has none). On a
+    busy machine the server itself sends late: a client's TTFT is read against the schedule
+    *as the server kept it*, so that the bound fails on the client's error, not the machine's."""
+    late = []
+    for r in records:
+        sent, due = r.get("server_sent_ns"), r.get("server_due_ns")
+        if isinstance(sent, list) and isinstance(due, list) and sent and due:
+            late.append(max(0.0, (sent[0] - due[0]) / 1e6))
+    return statistics.median(late) if late else 0.0

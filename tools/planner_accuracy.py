@@ -14,7 +14,8 @@ Usage (from the repository root, with the lab's venv)::
     .venv/bin/python tools/planner_accuracy.py --quick          # 2 configurations
     .venv/bin/python tools/planner_accuracy.py --capacity ttft:1000,itl:500
 
-``--capacity SLO`` asks another question: the highest Poisson rate (256/64 tokens) that meets
+``--capacity SLO`` asks another question: the highest Poisson rate (256/64 tokens unless
+``--input-len`` and ``--output-len`` say otherwise) that meets
 the SLO at p99, predicted by ``pdscope plan capacity`` and found on the server by bisection
 (``--repeats`` runs of ``--requests`` requests with ``pdscope bench`` at each rate tried, the
 median of their p99s against the SLO; the bracket is found by steps of 25 % from the
@@ -80,10 +81,14 @@ VLLM = (
     Config("2 shared 1000-token prefixes + 100/32, 50%", (), "100", "32", 0.5,
            prefix_groups=2, prefix_tokens=1000),
 )
+# llama-server, 4 slots (the lab's -np 4): at 90% of saturation more requests are in flight
+# than there are slots, and the rest wait; a server of 2 slots is a held-out setting (--set).
 LLAMACPP = (
     Config("fixed 256/64, 30%", (), "256", "64", 0.3),
     Config("fixed 256/64, 60%", (), "256", "64", 0.6),
+    Config("fixed 256/64, 90%", (), "256", "64", 0.9),
     Config("mixed 64-1024/16-128, 50%", (), "uniform:64:1024", "uniform:16:128", 0.5),
+    Config("-np 2, fixed 256/64, 60%", ("-np", "2"), "256", "64", 0.6, ("slots=2",)),
 )
 QUICK = (VLLM[0], VLLM[1])
 
@@ -272,6 +277,8 @@ def main() -> int:
                     help="--capacity: requests a run (default 300)")
     ap.add_argument("--repeats", type=int, default=2,
                     help="--capacity: runs at each rate, other seeds (default 2)")
+    ap.add_argument("--input-len", default="256", help="--capacity: prompt tokens (256)")
+    ap.add_argument("--output-len", default="64", help="--capacity: output tokens (64)")
     args = ap.parse_args()
     if args.capacity:
         return main_capacity(args)
@@ -329,8 +336,8 @@ def main_capacity(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         cal = pdscope("plan", "calibrate", server.url, "--out", str(cal_dir))
         print(f"  calibrated in {time.monotonic() - t0:.0f} s", flush=True)
-        result = capacity(server.url, cal_dir, work, args.capacity, "256", "64",
-                          args.requests, args.repeats, args.tolerance)
+        result = capacity(server.url, cal_dir, work, args.capacity, args.input_len,
+                          args.output_len, args.requests, args.repeats, args.tolerance)
     result["engine"] = args.engine
     result["calibration"] = cal
     (work / "capacity.json").write_text(json.dumps(result, indent=2))

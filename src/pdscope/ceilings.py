@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pdscope import roofline
@@ -123,6 +123,64 @@ def _ceiling_rows(model: ModelGeometry, devices: Sequence[DeviceSpec], context: 
     return rows
 
 
+@dataclass(frozen=True)
+class OffloadRow:
+    """The ceilings of a model split between one GPU's memory and a CPU's (offload), beside
+    the same model all on that GPU."""
+
+    device: DeviceSpec
+    cpu: DeviceSpec
+    decode: roofline.SplitDecode
+    prefill: roofline.SplitPrefill
+
+    def to_json(self) -> dict[str, Any]:
+        d, p = self.decode, self.prefill
+        return {
+            "on_gpu": d.on_gpu,
+            "cpu_device": self.cpu.name,
+            "cpu_device_id": self.cpu.id,
+            "cpu_mem_bandwidth_gb_s": _number(self.cpu.mem_bandwidth_gb_s),
+            "cpu_measured": self.cpu.measured,
+            "weight_bytes_on_gpu": d.gpu_bytes,
+            "weight_bytes_on_cpu": d.cpu_bytes,
+            "decode_ceiling_tok_s": d.tok_s,
+            "decode_all_on_gpu_tok_s": d.all_on_gpu_tok_s,
+            "decode_slowdown": d.slowdown,
+            "prefill_ceiling_tok_s": p.tok_s,
+            "prefill_all_on_gpu_tok_s": p.all_on_gpu_tok_s,
+            "ttft_floor_s": p.ttft_s,
+        }
+
+
+def offload_rows(
+    model: ModelGeometry,
+    devices: Sequence[DeviceSpec],
+    cpu: DeviceSpec,
+    on_gpu: float,
+    *,
+    context: int = 0,
+    prompt_tokens: int = 1000,
+    kv_dtype: str = "fp16",
+) -> list[OffloadRow]:
+    """The split ceilings on each GPU of ``devices`` (CPUs and Apple chips, whose one memory
+    holds every weight, have none), the rest of the weights in ``cpu``'s memory."""
+    with _in_range(model):
+        rows = [
+            OffloadRow(
+                device=dev,
+                cpu=cpu,
+                decode=roofline.split_decode_ceiling(model, dev, cpu, on_gpu, context, kv_dtype),
+                prefill=roofline.split_prefill_ceiling(model, dev, cpu, on_gpu, prompt_tokens),
+            )
+            for dev in devices
+            if dev.kind == "gpu"
+        ]
+    for r in rows:
+        _check_finite(model, split_decode_ceiling=r.decode.tok_s,
+                      split_prefill_ceiling=r.prefill.tok_s)
+    return rows
+
+
 def model_json(model: ModelGeometry) -> dict[str, Any]:
     """The model's figures as the JSON outputs show them. ``active_parameters`` counts as model
     cards do (the input embedding included); ``parameters_read_per_token`` is what the ceilings
@@ -158,6 +216,13 @@ class KVReport:
     kv_bytes_per_token: float
     kv_bytes_per_request: float
     pools: tuple[roofline.KVPool, ...]
+    slots: int | None = None
+    fits: tuple[roofline.SlotsFit, ...] = ()  # one a device with a memory size, with slots
+
+    @property
+    def slots_kv_bytes(self) -> float | None:
+        """KV of every slot at ``context`` tokens each, allocated at start."""
+        return self.slots * self.kv_bytes_per_request if self.slots else None
 
     def to_json(self) -> dict[str, Any]:
         m = self.model
@@ -179,6 +244,10 @@ class KVReport:
             "max_context": m.max_context,
             "assumptions": list(m.assumptions),
         }
+        if self.slots:
+            out["slots"] = self.slots
+            out["context_per_slot"] = self.context
+            out["slots_kv_bytes"] = self.slots_kv_bytes
         if self.pools:
             out["devices"] = [
                 {
@@ -193,6 +262,10 @@ class KVReport:
                 }
                 for p in self.pools
             ]
+            if self.slots:
+                for entry, fit in zip(out["devices"], self.fits, strict=True):
+                    entry["weights_on_gpu_beside_slots"] = fit.on_gpu
+                    entry["weights_spill"] = fit.weights_spill
             # With one device, the capacity sits at the top level too.
             if len(self.pools) == 1:
                 out["max_concurrent_sequences"] = self.pools[0].max_concurrent_sequences
@@ -209,11 +282,19 @@ def kv_report(
     kv_dtype: str = "fp16",
     mem_util: float = roofline.DEFAULT_MEM_UTIL,
     reserve_gb: float = roofline.DEFAULT_RESERVE_GB,
+    slots: int | None = None,
 ) -> KVReport:
-    """KV bytes a token and a request, and the pool on each device. Raises
-    :class:`InputError` when a figure is out of range (not a finite number)."""
+    """KV bytes a token and a request, and the pool on each device; with ``slots``, the KV of
+    that many parallel slots of ``context`` tokens each and the share of the weights that
+    still fits on each device beside it. Raises :class:`InputError` when a figure is out of
+    range (not a finite number)."""
     with _in_range(model):
         report = _kv_report(model, context, devices, kv_dtype, mem_util, reserve_gb)
+        if slots:
+            report = replace(report, slots=slots, fits=tuple(
+                roofline.slots_fit(model, d, slots, context, mem_util=mem_util,
+                                   reserve_gb=reserve_gb, kv_dtype=kv_dtype)
+                for d in devices))
     _check_finite(model, KV_bytes_a_token=report.kv_bytes_per_token,
                   KV_bytes_a_request=report.kv_bytes_per_request)
     return report

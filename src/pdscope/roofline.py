@@ -11,6 +11,9 @@ article's 1 GB = 10**9 bytes.
   ``peak FLOP/s / FLOPs a token``.
 - A batch of B sequences shares one read of the weights: the step stays bandwidth-bound until
   B tokens' FLOPs take longer than the read.
+- A model split between GPU memory and system RAM (offload) reads each share at its own
+  memory's speed: a token takes bytes on the GPU / GPU bandwidth + bytes on the CPU / CPU
+  bandwidth, so a small share in slow RAM costs more than the large share in fast memory.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pdscope.errors import InputError
+from pdscope.errors import Field, InputError
 from pdscope.hardware import DeviceSpec
 from pdscope.model.geometry import FULL, SLIDING, ModelGeometry, dtype_bytes
 
@@ -50,7 +53,7 @@ def kv_layer_shapes(model: ModelGeometry) -> list[tuple[str, int]]:
     if not model.has_attention_shape:
         raise InputError(
             f"the KV cache of {model.name} cannot be worked out: the model's layers, KV heads"
-            " and head size are unknown (give --model with a config.json or GGUF file)"
+            " and head size are unknown (give its config.json or GGUF file)"
         )
     shapes: list[tuple[str, int]] = []
     for kind in model.layer_kinds():
@@ -245,15 +248,31 @@ def _attention_pairs(n: int, window: int | None) -> float:
     return window * (window + 1) / 2 + (n - window) * window
 
 
+def lm_head_parameters(model: ModelGeometry) -> float:
+    """Parameters of the output head (vocabulary x hidden size), 0 when the geometry does not
+    give both. Tied or not, the head is counted once in ``parameters_read_per_token``."""
+    if not model.vocab_size or not model.hidden_size:
+        return 0.0
+    return float(model.vocab_size * model.hidden_size)
+
+
 def prefill_flops(model: ModelGeometry, prompt_tokens: int) -> tuple[float, float]:
     """(linear, attention) FLOPs of a prefill of ``prompt_tokens``.
 
-    Linear: 2 x the parameters read a token (``parameters_read_per_token``). Attention: for
-    each layer and query head, QK and AV each cost 2 x head_dim FLOPs a query-key pair; causal
-    attention has n(n+1)/2 pairs. This is the quadratic part that starts to matter at long
-    contexts.
+    Linear: 2 x the parameters read a token (``parameters_read_per_token``) for every prompt
+    token, except the output head, which a prefill computes for the last token only: only its
+    logits are sampled (vLLM's model runner takes ``hidden_states[logits_indices]`` before
+    ``compute_logits``, ``vllm/v1/worker/gpu_model_runner.py``, which the CPU runner inherits;
+    llama-server asks for the logits of a batch's last prompt token only). On a small model the
+    head is a large part of the weights (SmolLM2-135M's 49,152 x 576 is 21% of them), so
+    counting it for every token put the README's lab prefill at 114% of its ceiling. Attention:
+    for each layer and query head, QK and AV each cost 2 x head_dim FLOPs a query-key pair;
+    causal attention has n(n+1)/2 pairs. This is the quadratic part that starts to matter at
+    long contexts.
     """
-    linear = 2.0 * model.parameters_read_per_token * prompt_tokens
+    head = min(lm_head_parameters(model), model.parameters_read_per_token)
+    body = model.parameters_read_per_token - head
+    linear = 2.0 * body * prompt_tokens + 2.0 * head * min(prompt_tokens, 1)
     attention = 0.0
     if model.num_attention_heads and model.head_dim:
         for kind in model.layer_kinds():
@@ -331,6 +350,144 @@ def attention_share_tokens(model: ModelGeometry, share: float = 0.1) -> int | No
     return hi
 
 
+# ------------------------------------------------------------------- a measurement held
+
+
+@dataclass(frozen=True)
+class Held:
+    """A measurement set beside its limit, as every output prints the pair: ``share`` is never
+    above 1.
+
+    A ``ceiling`` (a rate: tok/s, GB/s) may not be beaten by a measurement, and a ``floor`` (a
+    time: the TTFT floor) may not be undercut. When one is (``beaten``), the limit the specs
+    gave (``spec_limit``) was wrong, not the measurement: the limit is then the measured value
+    itself (``limit``, printed as "at least" it for a ceiling, "at most" for a floor) and
+    ``warning`` says which spec was low and why it can be. Build one with :func:`hold`.
+    """
+
+    measured: float
+    spec_limit: float
+    limit: float
+    share: float
+    beaten: bool
+    kind: str  # "ceiling" or "floor"
+    what: str  # the figure in words: "prefill rate", "decode rate", "TTFT"
+    unit: str
+    spec: str  # where the limit came from, in words
+    why: str  # why that spec can be low
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.share <= 1.0:
+            raise InputError(f"a held share is between 0 and 1, got {self.share}")
+
+    @property
+    def ceiling(self) -> float:
+        """The limit as printed (the measured value where the specs' was beaten)."""
+        return self.limit
+
+    @property
+    def mark(self) -> str:
+        """The words before the limit: "at least " for a beaten ceiling, "at most " for an
+        undercut floor, else nothing."""
+        if not self.beaten:
+            return ""
+        return "at least " if self.kind == "ceiling" else "at most "
+
+    @property
+    def warning(self) -> str | None:
+        """One sentence naming the spec that was low, and why; ``None`` when it held."""
+        if not self.beaten:
+            return None
+        verb = "above its ceiling" if self.kind == "ceiling" else "below its floor"
+        return (f"the measured {self.what}, {_figure(self.measured, self.unit)}, is {verb} of"
+                f" {_figure(self.spec_limit, self.unit)} from {self.spec}: {self.why}; the"
+                f" {self.kind} is taken as {self.mark}the measured value")
+
+    def to_json(self) -> dict[str, object]:
+        return {"measured": self.measured, "limit": self.limit, "spec_limit": self.spec_limit,
+                "share": self.share, "beaten": self.beaten, "kind": self.kind,
+                "warning": self.warning}
+
+
+def _figure(x: float, unit: str) -> str:
+    if unit == "s":
+        return f"{x * 1000:,.1f} ms" if x < 1 else f"{x:,.2f} s"
+    return f"{x:,.1f} {unit}"
+
+
+# A measurement within this of its limit is taken as at it, not past it: the rounding of a
+# median and of a spec, not a wrong spec.
+HELD_TOLERANCE = 1e-9
+
+
+def hold(measured: float, limit: float, *, what: str, unit: str, spec: str, why: str,
+         kind: str = "ceiling") -> Held:
+    """``measured`` beside ``limit``: a ``ceiling`` it should not exceed, or a ``floor`` it
+    should not undercut. ``spec`` and ``why`` are the words of the warning when it does."""
+    if kind not in ("ceiling", "floor"):
+        raise InputError(f"a limit is a ceiling or a floor, got {kind!r}")
+    if not limit > 0 or measured < 0:
+        raise InputError(f"a held limit is positive and a measurement not negative, got"
+                         f" {measured} against {limit}")
+    if kind == "ceiling":
+        beaten = measured > limit * (1 + HELD_TOLERANCE)
+        held = max(limit, measured)
+        share = min(1.0, measured / held)
+    else:
+        beaten = measured < limit * (1 - HELD_TOLERANCE)
+        held = min(limit, measured)
+        share = min(1.0, held / measured) if measured > 0 else 1.0
+    return Held(measured=measured, spec_limit=limit, limit=held, share=share, beaten=beaten,
+                kind=kind, what=what, unit=unit, spec=spec, why=why)
+
+
+def bandwidth_spec(device: str, gb_s: float, measured: bool) -> tuple[str, str]:
+    """(spec, why) for a ceiling that comes from a memory bandwidth: a decode ceiling."""
+    if measured:
+        return (f"{device}'s {gb_s:,.1f} GB/s, measured by pdscope's copy/triad probe",
+                "the probe read memory slower than the server's kernels do (the machine was"
+                " busy while it ran, or the server's weights sit partly in cache)")
+    return (f"{device}'s {gb_s:,.0f} GB/s in the device table",
+            "the server reads fewer bytes a token than the model's geometry says (weights"
+            " stored in fewer bits than assumed), or it runs on another device than the one"
+            " named")
+
+
+def flops_spec(device: str, tflops: float, measured: bool) -> tuple[str, str]:
+    """(spec, why) for a ceiling that comes from a FLOPS figure: a prefill ceiling."""
+    if measured:
+        return (f"{device}'s {tflops:,.2f} TFLOPS, measured by pdscope's matmul probes",
+                "the server computes faster than the probes did (other kernels, another dtype"
+                " or more threads than the probe's matmuls, or a busy machine while they ran)")
+    return (f"{device}'s {tflops:,.0f} dense TFLOPS in the device table",
+            "the model computes fewer FLOPs a token than its geometry says, or the server runs"
+            " on another device than the one named")
+
+
+def hold_rate(measured: float, ceiling_tok_s: float, *, phase: str, device: str,
+              measured_device: bool, mem_bandwidth_gb_s: float,
+              peak_tflops: float | None) -> Held:
+    """A measured decode (``phase="decode"``, bandwidth-bound) or prefill (``"prefill"``,
+    compute-bound) rate beside its ceiling, with the spec it came from in the warning."""
+    if phase == "decode":
+        spec, why = bandwidth_spec(device, mem_bandwidth_gb_s, measured_device)
+    elif peak_tflops is not None:
+        spec, why = flops_spec(device, peak_tflops, measured_device)
+    else:
+        spec, why = bandwidth_spec(device, mem_bandwidth_gb_s, measured_device)
+    return hold(measured, ceiling_tok_s, what=f"{phase} rate", unit="tok/s", spec=spec, why=why)
+
+
+def hold_ttft(measured_s: float, floor_s: float, *, device: str, measured_device: bool,
+              peak_tflops: float | None, mem_bandwidth_gb_s: float) -> Held:
+    """A measured TTFT beside the prefill floor: the floor may not be above it."""
+    if peak_tflops is not None:
+        spec, why = flops_spec(device, peak_tflops, measured_device)
+    else:
+        spec, why = bandwidth_spec(device, mem_bandwidth_gb_s, measured_device)
+    return hold(measured_s, floor_s, what="TTFT", unit="s", spec=spec, why=why, kind="floor")
+
+
 # ---------------------------------------------------------------------------------- KV pool
 
 
@@ -365,7 +522,7 @@ def kv_pool(
     if device.memory_gb is None:
         raise InputError(f"the device table has no memory size for {device.name}")
     if not 0 < mem_util <= 1:
-        raise InputError(f"--mem-util must be in (0, 1], got {mem_util}")
+        raise InputError(Field("mem_util"), f" must be in (0, 1], got {mem_util}")
     weights = model.total_weight_bytes()
     pool = device.memory_gb * GB * mem_util - weights - reserve_gb * GB
     per_token = kv_bytes_per_token(model, kv_dtype)
@@ -409,3 +566,206 @@ def quantization_whatif(
         c = decode_ceiling(m, device, context)
         out.append(QuantizationWhatIf(b, m.read_weight_bytes(), c.tok_s, c.tok_s / base))
     return out
+
+
+# ---------------------------------------------------------------------------------- offload
+
+
+def _check_share(on_gpu: float) -> None:
+    if not 0.0 <= on_gpu <= 1.0:
+        raise InputError(Field("on_gpu"), f" must be between 0 and 1 (the share of the weights"
+                         f" in GPU memory), got {on_gpu}")
+
+
+@dataclass(frozen=True)
+class SplitDecode:
+    """Single-stream decode of a model whose weights are split between two memories.
+
+    Each step reads the ``on_gpu`` share of the weights (and of the KV cache: a layer's cache
+    lives beside its weights, as llama.cpp keeps it) at the GPU's bandwidth, and the rest at
+    the CPU's, one after the other: ``gpu_s + cpu_s`` a token. ``all_on_gpu_tok_s`` is the
+    same model wholly in GPU memory, the ceiling the offload costs."""
+
+    gpu_device: str
+    cpu_device: str
+    on_gpu: float
+    gpu_bytes: float
+    cpu_bytes: float
+    gpu_s: float
+    cpu_s: float
+    context: int
+    tok_s: float
+    all_on_gpu_tok_s: float
+
+    @property
+    def off_gpu(self) -> float:
+        """Share of the weights read from system RAM."""
+        return 1.0 - self.on_gpu
+
+    @property
+    def slowdown(self) -> float:
+        """How many times slower than with every weight on the GPU."""
+        return self.all_on_gpu_tok_s / self.tok_s
+
+
+def split_decode_ceiling(
+    model: ModelGeometry,
+    gpu: DeviceSpec,
+    cpu: DeviceSpec,
+    on_gpu: float,
+    context: int = 0,
+    kv_dtype: str = "fp16",
+) -> SplitDecode:
+    """The decode ceiling with ``on_gpu`` (0 to 1) of the weights in ``gpu``'s memory and the
+    rest in ``cpu``'s: ``1 / (bytes on GPU / GPU bandwidth + bytes on CPU / CPU bandwidth)``.
+    With ``on_gpu=1`` it is :func:`decode_ceiling` on ``gpu``; with 0, on ``cpu``."""
+    _check_share(on_gpu)
+    read = model.read_weight_bytes()
+    if context:
+        read += kv_bytes_per_request(model, context, kv_dtype)
+    gpu_bytes, cpu_bytes = read * on_gpu, read * (1.0 - on_gpu)
+    gpu_s = gpu_bytes / (gpu.mem_bandwidth_gb_s * GB)
+    cpu_s = cpu_bytes / (cpu.mem_bandwidth_gb_s * GB)
+    return SplitDecode(
+        gpu_device=gpu.name,
+        cpu_device=cpu.name,
+        on_gpu=on_gpu,
+        gpu_bytes=gpu_bytes,
+        cpu_bytes=cpu_bytes,
+        gpu_s=gpu_s,
+        cpu_s=cpu_s,
+        context=context,
+        tok_s=1.0 / (gpu_s + cpu_s),
+        all_on_gpu_tok_s=gpu.mem_bandwidth_gb_s * GB / read,
+    )
+
+
+@dataclass(frozen=True)
+class SplitPrefill:
+    """Prefill of a split model: each device computes its layers' share of the FLOPs at its
+    own peak, and never faster than one read of each share of the weights. ``None`` figures:
+    a device has no FLOPS figure (the device table's memory-only CPU rows; measure the CPU
+    with ``local``)."""
+
+    gpu_device: str
+    cpu_device: str
+    on_gpu: float
+    prompt_tokens: int
+    gpu_s: float | None
+    cpu_s: float | None
+    weight_read_s: float
+    ttft_s: float | None
+    tok_s: float | None
+    all_on_gpu_tok_s: float | None
+
+
+def split_prefill_ceiling(
+    model: ModelGeometry,
+    gpu: DeviceSpec,
+    cpu: DeviceSpec,
+    on_gpu: float,
+    prompt_tokens: int = 1000,
+) -> SplitPrefill:
+    """The prefill ceiling with ``on_gpu`` of the model on ``gpu`` and the rest on ``cpu``:
+    FLOPs on the GPU / its peak + FLOPs on the CPU / its peak (the layers run one after the
+    other), at least the split read of the weights. Engines that copy CPU-held weights to the
+    GPU for a long prompt (llama.cpp's op offload) are bound by that copy instead, which this
+    ceiling does not model."""
+    _check_share(on_gpu)
+    if prompt_tokens < 1:
+        raise InputError(f"the prompt must have at least 1 token, got {prompt_tokens}")
+    weights = model.read_weight_bytes()
+    weight_read_s = (weights * on_gpu / (gpu.mem_bandwidth_gb_s * GB)
+                     + weights * (1.0 - on_gpu) / (cpu.mem_bandwidth_gb_s * GB))
+    linear, attention = prefill_flops(model, prompt_tokens)
+    flops = linear + attention
+    gpu_peak, cpu_peak = peak_flops(model, gpu), peak_flops(model, cpu)
+    gpu_s = flops * on_gpu / gpu_peak if gpu_peak else None
+    cpu_s = flops * (1.0 - on_gpu) / cpu_peak if cpu_peak else None
+    if on_gpu == 1.0 and gpu_s is not None:
+        cpu_s = 0.0
+    if on_gpu == 0.0 and cpu_s is not None:
+        gpu_s = 0.0
+    ttft = (max(gpu_s + cpu_s, weight_read_s)
+            if gpu_s is not None and cpu_s is not None else None)
+    all_on_gpu = prefill_ceiling(model, gpu, prompt_tokens).tok_s
+    return SplitPrefill(
+        gpu_device=gpu.name,
+        cpu_device=cpu.name,
+        on_gpu=on_gpu,
+        prompt_tokens=prompt_tokens,
+        gpu_s=gpu_s,
+        cpu_s=cpu_s,
+        weight_read_s=weight_read_s,
+        ttft_s=ttft,
+        tok_s=prompt_tokens / ttft if ttft else None,
+        all_on_gpu_tok_s=all_on_gpu,
+    )
+
+
+# ---------------------------------------------------------------------------------- slots
+
+
+@dataclass(frozen=True)
+class SlotsFit:
+    """What parallel slots cost in memory, and whether the weights still fit beside them.
+
+    Ollama and llama-server give every parallel slot its own context of KV cache
+    (``slots x context``) and allocate it on the GPU first; what is left holds the weights,
+    and the layers that do not fit run from system RAM (Ollama issue 11942:
+    ``OLLAMA_NUM_PARALLEL`` raised until layers spilled). ``on_gpu`` is the share of the
+    weights that fits: 1 when all do."""
+
+    device: str
+    slots: int
+    context_per_slot: int
+    kv_bytes: float
+    weight_bytes: float
+    usable_bytes: float  # memory x utilisation - reserve
+    on_gpu: float
+
+    @property
+    def weights_spill(self) -> bool:
+        return self.on_gpu < 1.0
+
+
+def kv_bytes_for_slots(
+    model: ModelGeometry, slots: int, context_per_slot: int, kv_dtype: str = "fp16"
+) -> float:
+    """KV bytes of ``slots`` parallel slots of ``context_per_slot`` tokens each, allocated
+    whole at start (llama-server's ``-c`` is split between its ``-np`` slots; Ollama allocates
+    ``num_ctx`` for each of ``OLLAMA_NUM_PARALLEL``)."""
+    if slots < 1:
+        raise InputError(Field("slots"), f" must be at least 1, got {slots}")
+    return slots * kv_bytes_per_request(model, context_per_slot, kv_dtype)
+
+
+def slots_fit(
+    model: ModelGeometry,
+    device: DeviceSpec,
+    slots: int,
+    context_per_slot: int,
+    *,
+    mem_util: float = DEFAULT_MEM_UTIL,
+    reserve_gb: float = DEFAULT_RESERVE_GB,
+    kv_dtype: str = "fp16",
+) -> SlotsFit:
+    """The KV cache of ``slots`` x ``context_per_slot`` on ``device``, and the share of the
+    weights that still fits in what is left of its memory."""
+    if device.memory_gb is None:
+        raise InputError(f"the device table has no memory size for {device.name}")
+    if not 0 < mem_util <= 1:
+        raise InputError(Field("mem_util"), f" must be in (0, 1], got {mem_util}")
+    kv = kv_bytes_for_slots(model, slots, context_per_slot, kv_dtype)
+    weights = model.total_weight_bytes()
+    usable = device.memory_gb * GB * mem_util - reserve_gb * GB
+    room = max(usable - kv, 0.0)
+    return SlotsFit(
+        device=device.name,
+        slots=slots,
+        context_per_slot=context_per_slot,
+        kv_bytes=kv,
+        weight_bytes=weights,
+        usable_bytes=usable,
+        on_gpu=min(1.0, room / weights) if weights > 0 else 1.0,
+    )

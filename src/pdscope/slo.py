@@ -44,11 +44,13 @@ class SLO:
             raise InputError("an SLO needs at least one objective: ttft_s, itl_s, tpot_s or"
                              " e2e_s")
         for metric, limit in limits.items():
-            if not (isinstance(limit, (int, float)) and math.isfinite(limit) and limit > 0):
+            # A bool is an int to Python, and True would read as a limit of one second.
+            if isinstance(limit, bool) or not (isinstance(limit, (int, float))
+                                               and math.isfinite(limit) and limit > 0):
                 raise InputError(f"{metric}_s must be a positive number of seconds, got"
                                  f" {limit!r}")
         q = self.percentile
-        if not (isinstance(q, (int, float)) and 0 < q <= 100):
+        if isinstance(q, bool) or not (isinstance(q, (int, float)) and 0 < q <= 100):
             raise InputError(f"the SLO's percentile must be above 0 and at most 100, got {q!r}")
 
     def limits(self) -> dict[str, float]:
@@ -123,7 +125,12 @@ class SLO:
         return {**{f"{m}_s": v for m, v in self.limits().items()}, "percentile": self.percentile}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SLO:
+    def from_json(cls, data: Any) -> SLO:
+        """An SLO as :meth:`to_json` wrote it: a JSON object of objectives (seconds) and the
+        percentile; anything else is refused in one line."""
+        if not isinstance(data, Mapping):
+            raise InputError(f"an SLO is a JSON object of objectives (ttft_s, ...), got a"
+                             f" {type(data).__name__}")
         known = {f"{m}_s" for m in METRICS} | {"percentile"}
         unknown = sorted(set(data) - known)
         if unknown:

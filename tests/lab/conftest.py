@@ -5,6 +5,7 @@ is never touched."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,15 +16,23 @@ import pytest
 from pdscope import lab
 
 
+def _interrupted(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @pytest.fixture(scope="session")
 def lab_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     folder = tmp_path_factory.mktemp("lab-state")
+    # A run stopped with SIGTERM (a CI timeout, `kill`) tears its fixtures down as Ctrl-C does:
+    # the servers the session started are stopped, not left serving.
+    old_handler = signal.signal(signal.SIGTERM, _interrupted)
     old = os.environ.get("PDSCOPE_LAB_STATE")
     os.environ["PDSCOPE_LAB_STATE"] = str(folder)
     try:
         yield folder
     finally:
         lab.stop()  # whatever a test left running
+        signal.signal(signal.SIGTERM, old_handler)
         if old is None:
             os.environ.pop("PDSCOPE_LAB_STATE", None)
         else:
@@ -57,6 +66,21 @@ def group_members(pgid: int) -> list[psutil.Process]:
         except (ProcessLookupError, psutil.Error):
             continue
     return out
+
+
+# The lab's vLLM with a 128-token step budget (chunked prefill in small chunks) and prefix
+# caching off: the compare tests' server B and the doctor's second server, started once (a vLLM
+# start is 2-3.5 minutes on a busy 2-core machine). vLLM asks for --max-num-seqs no larger than
+# the step budget. ab sends new prompts every round, so the cache's absence changes nothing in
+# the compare tests; the doctor finds it.
+SMALL_BUDGET_FLAGS = ("--no-enable-prefix-caching", "--max-num-batched-tokens", "128",
+                      "--max-num-seqs", "128")
+
+
+@pytest.fixture(scope="session")
+def small_budget_vllm(lab_state: Path) -> Iterator[lab.LabServer]:
+    with lab.running("vllm", port=0, extra_args=list(SMALL_BUDGET_FLAGS)) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

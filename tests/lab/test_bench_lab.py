@@ -39,8 +39,13 @@ def test_bench_ttft_agrees_with_vllms_histogram(vllm_server: lab.LabServer, tmp_
         client = s[key] / 1000
         assert server is not None
         # The client's percentile falls in the bucket that holds the server's, give or take
-        # what lies between them: the HTTP round trip and detokenizing, a few milliseconds.
-        assert lo - 0.01 <= client <= hi + 0.05, (q, client, server, lo, hi)
+        # what lies between them: the HTTP round trip and detokenizing, a few milliseconds, and
+        # on a saturated 2-core machine the wait of the client and of vLLM's frontend for a core
+        # behind the engine, which grows with the queue (CI once read a p99 of 2.68 s against a
+        # 1.0-2.5 s bucket: 7% past it). A TTFT counted from the wrong moment or to the wrong
+        # token is off by the whole queue or by many steps, far more than this.
+        slack = 0.05 + 0.15 * hi
+        assert lo - 0.01 <= client <= hi + slack, (q, client, server, lo, hi)
     # bench scraped the same window itself (metrics.jsonl beside requests.jsonl) and says so.
     own = s["server_metrics"]
     assert own["family"] == "vllm" and own["requests_finished"] == 40

@@ -1,8 +1,10 @@
-"""pdscope doctor on the lab's vLLM: the findings follow the server's flags."""
+"""pdscope doctor on the lab's vLLM and llama-server: the findings follow the server's flags,
+and are said in that server's own."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +17,17 @@ pytestmark = pytest.mark.lab
 
 
 def doctor(url: str, out: Path, *extra: str) -> dict[str, dict]:
+    return run_doctor(url, out, *extra)[0]
+
+
+def run_doctor(url: str, out: Path, *extra: str) -> tuple[dict[str, dict], str]:
+    """The findings by id, and what the doctor printed."""
     r = subprocess.run([sys.executable, "-m", "pdscope", "doctor", url, "--quick", "--out",
-                        str(out), *extra], capture_output=True, text=True, timeout=900)
+                        str(out), *extra], capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     assert "What to change" in r.stdout and "report:" in r.stdout
-    return {f["id"]: f for f in json.loads((out / "findings.json").read_text())}
+    return {f["id"]: f for f in json.loads((out / "findings.json").read_text())}, r.stdout
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +53,10 @@ def test_default_vllm_caches_prefixes_and_queues_for_the_scheduler(default_run: 
 
 
 def test_without_prefix_caching_and_with_a_small_budget(
-    default_run: Path, lab_state: Path, tmp_path: Path
+    default_run: Path, small_budget_vllm: lab.LabServer, tmp_path: Path
 ) -> None:
-    flags = ["--no-enable-prefix-caching", "--max-num-batched-tokens", "256"]
-    with lab.running("vllm", port=0, extra_args=flags) as server:
-        findings = doctor(server.url, tmp_path, "--compare-with", str(default_run))
+    # The compare tests' server B: prefix caching off, a 128-token step budget.
+    findings = doctor(small_budget_vllm.url, tmp_path, "--compare-with", str(default_run))
     off = findings["prefix-cache-off"]
     assert off["status"] == "fired"
     # It says what the cache would save, from the measured TTFTs: most of the unseen prompt's
@@ -62,9 +69,41 @@ def test_without_prefix_caching_and_with_a_small_budget(
     # running streams for less, and the finding says so with both numbers.
     inter = findings["prefill-interference"]
     runs = {r["label"]: r["max_gap_s"] for r in inter["evidence"]["runs"]}
-    small = runs["--max-num-batched-tokens 256"]
+    small = runs["--max-num-batched-tokens 128"]
     large = runs["default budget (vLLM, 2048 tokens a step)"]
     assert small < large
-    assert "--max-num-batched-tokens 256" in inter["reason"]
+    assert "--max-num-batched-tokens 128" in inter["reason"]
     assert "smaller prefill budget did better" in inter["reason"]
     assert f"{small:.2f} s" in inter["reason"] and f"{large:.2f} s" in inter["reason"]
+
+
+def test_llama_server_s_findings_are_in_its_own_flags_with_the_numbers(
+    llamacpp_server: lab.LabServer, tmp_path: Path
+) -> None:
+    findings, printed = run_doctor(llamacpp_server.url, tmp_path)
+    evidence = json.loads((tmp_path / "evidence.json").read_text())
+    assert evidence["server"]["kind"] == "llama.cpp"
+    # Eight users on four slots: four wait, for a slot (llama-server defers a request only when
+    # none is free), and the advice doubles the slots with the context that keeps each one's.
+    queued = findings["queueing-scheduler"]
+    assert queued["status"] == "fired", queued
+    assert queued["evidence"]["slots"] == 4 and queued["evidence"]["max_waiting"] >= 1
+    more = "Raise --parallel from 4 to 8 and --ctx-size from 16,384 to 32,768"
+    assert queued["advice"][0].startswith(more)
+    assert more in " ".join(printed.split())
+    assert findings["queueing-capacity"]["status"] == "clear"
+    # The prompt cache is on by default: nothing to change there.
+    assert findings["prefix-cache-off"]["status"] == "clear"
+    # An 1,800-token prompt in one 2,048-token batch stalls the slots decoding beside it; the
+    # advice is llama-server's batch size, with the number.
+    stall = findings["prefill-interference"]
+    assert stall["status"] == "fired", stall
+    assert "(--batch-size 512)" in " ".join(stall["advice"])
+    # The planner was calibrated with llama-server's own scheduler: slots, n_batch read.
+    plan = evidence["plan"]
+    assert plan is not None and not any("token budget" in a for a in plan["assumptions"])
+    # On a CPU every weight is in the one memory there is: nothing spilled.
+    assert findings["weights-offloaded"]["status"] == "clear"
+    # No finding names another server's flags.
+    said = json.dumps(findings)
+    assert "--max-num" not in said and "--enable-prefix-caching" not in said

@@ -67,8 +67,26 @@ def test_the_lab_probe_is_set_beside_the_measured_cpu_and_the_real_weights(
     assert out["decode_fraction_of_ceiling"] == pytest.approx(
         out["decode_tok_s"] / out["decode_ceiling_tok_s"]
     )
-    assert 0 < out["decode_fraction_of_ceiling"] < 1.5
+    assert 0 < out["decode_fraction_of_ceiling"] <= 1.0
     assert out["verdict"].startswith("Decode runs at")
+    assert_at_or_under_the_ceilings(out)
+
+
+def assert_at_or_under_the_ceilings(out: dict) -> None:
+    """The lab's measured prefill and decode sit at or under the ceilings the specs give (the
+    measured CPU: its bandwidth probe, and the fastest of its matmul probes in the dtypes and
+    shapes the server computes), and the TTFT at or over its floor: no ceiling is beaten, so
+    none had to be held at the measurement, and nothing warns (issue 22: the README's first
+    example once read a prefill at 114% of its ceiling)."""
+    held = out["held"]
+    for name in ("decode", "prefill", "ttft"):
+        assert held[name] is not None, name
+        assert held[name]["beaten"] is False, (name, held[name])
+        assert held[name]["limit"] == held[name]["spec_limit"]
+    assert out["decode_tok_s"] <= out["decode_ceiling_tok_s"]
+    assert out["prefill_tok_s"] <= out["prefill_ceiling_tok_s"]
+    assert out["ttft_s"] >= out["ttft_floor_s"]
+    assert out["ceiling_warnings"] == []
 
 
 def test_llama_server_gives_its_own_prefill_and_decode_rates(
@@ -91,6 +109,7 @@ def test_llama_server_gives_its_own_prefill_and_decode_rates(
     # It serves the GGUF: the ceiling reads the file's real (quantized) bytes.
     assert out["model_source"].endswith(".gguf")
     assert out["weight_bytes_read_per_token"] < 0.8 * 134.5e6 * 2
+    assert_at_or_under_the_ceilings(out)
 
 
 def test_probe_terminal_output_says_where_counts_came_from(

@@ -36,8 +36,9 @@ NAMES_ALLOWED_IN = ("servers", "lab")
 # either in the wrong layer or a sign that what it takes belongs lower down.
 SAME_LAYER_ALLOWED: Mapping[tuple[str, str], str] = {
     ("__main__", "cli"): "`python -m pdscope` is the pdscope command: it only calls cli.main",
-    ("plan", "experiments"): "calibration connects and reads the server's settings and ceiling"
-                             " inputs as the experiments do (experiments/common.py, setup.py)",
+    ("checks", "errors"): "a config's checks raise the InputError naming the Field at fault",
+    ("plan", "experiments"): "calibration reads the server's settings and ceiling inputs as the"
+                             " experiments do (experiments/setup.py, find_ceiling_inputs)",
 }
 
 

@@ -17,7 +17,7 @@ import re
 import socket
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,8 +33,9 @@ from pdscope.doctor.evidence import InterferenceEvidence
 from pdscope.doctor.run import previous_interference
 from pdscope.errors import InputError
 from pdscope.lab import check_engine_args
-from pdscope.load.results import RunFolder
-from pdscope.plan import Calibration, SchedulerConfig, StepModel
+from pdscope.load import Stage, StageRun, summarize_stage
+from pdscope.load.results import RunFolder, RunMeta
+from pdscope.plan import CalibratedServer, Calibration, SchedulerConfig, StepModel
 from pdscope.selftest import ReferenceConfig, run_in_subprocess
 from tests.conftest import MODEL_CONFIGS
 
@@ -42,6 +43,7 @@ DOWN = "http://127.0.0.1:9"  # nothing listens on the discard port: connecting f
 BENCH = ("bench", DOWN, "--concurrency", "1", "--num-prompts", "1")
 KV_SHAPE = ("--layers", "2", "--kv-heads", "2", "--head-dim", "2")
 PREDICT = ("plan", "predict", "{cal}", "--rate", "1", "--num-requests", "20")
+CHATS = ("plan", "predict", "{cal}", "--conversations", "2")
 
 # (id, argv, exit status, text the one line must hold (case-insensitive))
 CASES: list[tuple[str, tuple[str, ...], int, str]] = [
@@ -74,7 +76,23 @@ CASES: list[tuple[str, tuple[str, ...], int, str]] = [
      "num_key_value_heads"),
     ("ceiling-layers-1e30", ("ceiling", "--model", "{cfg:num_hidden_layers=1e30}", "--json"), 2,
      "num_hidden_layers"),
+    ("ceiling-on-gpu-1.5", ("ceiling", "--params", "8e9", "--on-gpu", "1.5"), 2,
+     "from 0 to 1"),
+    ("ceiling-on-gpu-negative", ("ceiling", "--params", "8e9", "--on-gpu=-0.1"), 2,
+     "from 0 to 1"),
+    ("ceiling-on-gpu-nan", ("ceiling", "--params", "8e9", "--on-gpu", "nan"), 2, "finite"),
+    ("ceiling-cpu-device-alone", ("ceiling", "--params", "8e9", "--cpu-device",
+                                  "ddr5-5600-2ch"), 2, "goes with --on-gpu"),
+    ("ceiling-cpu-device-a-gpu", ("ceiling", "--params", "8e9", "--on-gpu", "0.5",
+                                  "--cpu-device", "rtx-4090"), 2, "must name a cpu"),
+    ("ceiling-cpu-device-unknown", ("ceiling", "--params", "8e9", "--on-gpu", "0.5",
+                                    "--cpu-device", "ddr9"), 2, "device"),
+    ("ceiling-on-gpu-no-gpu", ("ceiling", "--params", "8e9", "--on-gpu", "0.5", "--device",
+                               "m2-max", "--cpu-device", "ddr5-5600-2ch"), 2,
+     "needs a gpu among the devices"),
     # ---- kv
+    ("kv-slots-0", ("kv", *KV_SHAPE, "--slots", "0"), 2, "from 1 to"),
+    ("kv-parallel-half", ("kv", *KV_SHAPE, "--parallel", "1.5"), 2, "not a whole number"),
     ("kv-reserve-negative", ("kv", *KV_SHAPE, "--reserve-gb=-100", "--device", "h100-sxm"), 2,
      "from 0 to"),
     ("kv-reserve-nan", ("kv", *KV_SHAPE, "--reserve-gb", "nan"), 2, "finite"),
@@ -198,8 +216,67 @@ CASES: list[tuple[str, tuple[str, ...], int, str]] = [
     ("bench-goodput-itl", (*BENCH, "--goodput", "itl:50"), 2, "use ttft:MS,tpot:MS,e2e:MS"),
     ("bench-dataset-missing", (*BENCH, "--dataset", "/no/such/prompts.jsonl"), 2,
      "no such file"),
+    ("bench-conversations-0", ("bench", DOWN, "--conversations", "0"), 2,
+     "--conversations must be at least 1"),
+    ("bench-turns-0", ("bench", DOWN, "--conversations", "2", "--turns", "0"), 2,
+     "--turns must be at least 1"),
+    ("bench-think-negative", ("bench", DOWN, "--conversations", "2", "--think-s=-1"), 2,
+     "--think-s must be from 0"),
+    ("bench-conversations-bad-line", ("bench", DOWN, "--conversations", "1", "--dataset",
+                                      "{file}"), 2, ":1: not JSON"),
+    ("bench-capacity-no-slo", ("bench", DOWN, "--find-capacity"), 2,
+     "--find-capacity needs --slo"),
+    ("bench-capacity-slo-alone", ("bench", DOWN, "--slo", "ttft:500"), 2,
+     "add --find-capacity"),
+    ("bench-capacity-negative-slo", ("bench", DOWN, "--find-capacity", "--slo", "ttft:-5"), 2,
+     "positive number of milliseconds"),
+    ("bench-capacity-unknown-slo", ("bench", DOWN, "--find-capacity", "--slo", "speed:5"), 2,
+     "--slo: bad objective"),
+    ("bench-capacity-with-load", ("bench", DOWN, "--find-capacity", "--slo", "ttft:500",
+                                  "--concurrency", "4"), 2, "leave out --concurrency"),
+    ("bench-capacity-no-calibration", ("bench", DOWN, "--find-capacity", "--slo", "ttft:500",
+                                       "--calibration", "/no/such/calibration.json"), 2,
+     "no such file"),
+    ("bench-capacity-tolerance-0", ("bench", DOWN, "--find-capacity", "--slo", "ttft:500",
+                                    "--capacity-tolerance", "0"), 2, "above 0"),
     ("bench-max-failed-1.5", (*BENCH, "--max-failed", "1.5"), 2, "from 0 to 1"),
     ("bench-max-failed-negative", (*BENCH, "--max-failed=-0.1"), 2, "from 0 to 1"),
+    ("bench-goodput-negative", (*BENCH, "--goodput", "ttft:-5"), 2, "positive"),
+    ("bench-goodput-unknown", (*BENCH, "--goodput", "speed:5"), 2, "use ttft:MS"),
+    # ---- the request fields every request-sending command takes (client/fields.py)
+    ("bench-extra-body-list", (*BENCH, "--extra-body", "[1, 2]"), 2,
+     "--extra-body: must be a JSON object"),
+    ("bench-extra-body-string", (*BENCH, "--extra-body", '"thinking off"'), 2,
+     "must be a JSON object"),
+    ("bench-extra-body-not-json", (*BENCH, "--extra-body", "{thinking=off}"), 2, "not JSON"),
+    ("bench-extra-body-nan", (*BENCH, "--extra-body", '{"x": NaN}'), 2, "not JSON"),
+    ("bench-extra-body-stream", (*BENCH, "--extra-body", '{"stream": false}'), 2,
+     "--extra-body cannot set 'stream'"),
+    ("probe-extra-body-max-tokens", ("probe", DOWN, "--extra-body", '{"max_tokens": 9}'), 2,
+     "--extra-body cannot set 'max_tokens'"),
+    ("sweep-extra-body-ignore-eos", ("sweep", DOWN, "--extra-body", '{"ignore_eos": false}'),
+     2, "--extra-body cannot set 'ignore_eos'"),
+    ("bench-header-no-colon", (*BENCH, "--header", "X-Token"), 2, "NAME:VALUE"),
+    ("bench-header-no-value", (*BENCH, "--header", "X-Token:"), 2, "has no value"),
+    ("bench-header-bad-name", (*BENCH, "--header", "X Token:v"), 2, "not a header name"),
+    ("doctor-header-content-type", ("doctor", DOWN, "--header", "Content-Type:text/plain"), 2,
+     "--header cannot set Content-Type"),
+    ("bench-header-twice", (*BENCH, "--header", "X-A:1", "--header", "x-a:2"), 2,
+     "--header names x-a twice"),
+    ("bench-header-and-key", (*BENCH, "--header", "Authorization:Bearer a", "--api-key", "b"),
+     2, "give one of them"),
+    ("bench-option-no-equals", (*BENCH, "--option", "num_ctx"), 2, "KEY=VALUE"),
+    ("bench-option-num-predict", (*BENCH, "--api", "ollama", "--option", "num_predict=5"), 2,
+     "--option cannot set num_predict"),
+    ("bench-option-openai", (*BENCH, "--api", "openai", "--option", "num_ctx=8192"), 2,
+     "Ollama's options (--option) go to its native API only"),
+    ("bench-temperature-negative", (*BENCH, "--temperature=-1"), 2,
+     "--temperature must be a number of at least 0"),
+    ("bench-temperature-nan", (*BENCH, "--temperature", "nan"), 2, "finite"),
+    ("bench-top-p-0", (*BENCH, "--top-p", "0"), 2, "--top-p must be above 0"),
+    ("bench-sampling-seed-word", (*BENCH, "--sampling-seed", "lucky"), 2, "--sampling-seed"),
+    ("plan-calibrate-extra-body-list", ("plan", "calibrate", DOWN, "--extra-body", "[]"), 2,
+     "JSON object"),
     # ---- bench: scale-out
     ("bench-workers-0", (*BENCH, "--workers", "0"), 2, "from 1 to"),
     ("bench-workers-word", (*BENCH, "--workers", "many"), 2, "or auto"),
@@ -317,6 +394,22 @@ CASES: list[tuple[str, tuple[str, ...], int, str]] = [
     ("plan-dataset-missing", (*PREDICT, "--dataset", "{tmp}/none.jsonl"), 2, "no such file"),
     ("plan-from-run-empty", (*PREDICT, "--from-run", "{tmp}"), 2,
      "not a readable bench run folder"),
+    ("plan-conversations-turns-0", (*CHATS, "--turns", "0"), 2, "--turns must be at least 1"),
+    ("plan-conversations-think-negative", (*CHATS, "--think-s", "-1"), 2,
+     "--think-s must be at least 0"),
+    ("plan-conversations-think-inf", (*CHATS, "--think-s", "inf"), 2, "--think-s must be a"),
+    ("plan-conversations-0", ("plan", "predict", "{cal}", "--conversations", "0"), 2,
+     "--conversations must be at least 1"),
+    ("plan-conversations-user-len-0", (*CHATS, "--user-len", "0"), 2, "--user-len must be"),
+    ("plan-conversations-rate-0", (*CHATS, "--request-rate", "0"), 2, "--request-rate must"),
+    ("plan-conversations-rate-list", (*CHATS, "--request-rate", "1,2"), 2, "one --request-rate"),
+    ("plan-conversations-output-drawn", (*CHATS, "--output-len", "uniform:8:16"), 2,
+     "fixed --output-len"),
+    ("plan-conversations-input-len", (*CHATS, "--input-len", "100"), 2,
+     "--input-len does not apply to --conversations"),
+    ("plan-conversations-with-rate", (*CHATS, "--rate", "1"), 2, "not allowed with"),
+    ("plan-turns-without-conversations", (*PREDICT, "--turns", "3"), 2,
+     "--turns applies to --conversations"),
     ("plan-slo-missing", ("plan", "capacity", "{cal}"), 2, "--slo"),
     ("plan-slo-no-limit", ("plan", "capacity", "{cal}", "--slo", "ttft"), 2, "ttft:MS"),
     ("plan-slo-unknown", ("plan", "capacity", "{cal}", "--slo", "speed:5"), 2, "ttft:MS"),
@@ -395,7 +488,7 @@ def cal(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A calibration folder: a step model like the lab's vLLM, vLLM's default scheduler."""
     folder = tmp_path_factory.mktemp("calibration")
     Calibration(StepModel(0.012, 0.00045, 0.0005, 2e-6, 1e-9), SchedulerConfig(),
-                {"family": "vllm"}).save(folder)
+                CalibratedServer(family="vllm")).save(folder)
     return str(folder)
 
 
@@ -575,11 +668,12 @@ def test_a_result_that_cannot_be_written_goes_to_the_rescue_folder(
 
 
 def test_a_run_folder_removed_mid_run_is_rescued(tmp_path: Path) -> None:
-    folder = RunFolder(tmp_path / "run", {"url": "http://x"})
+    folder = RunFolder(tmp_path / "run", RunMeta(url="http://x"))
     (tmp_path / "run" / "requests.jsonl").unlink()
     (tmp_path / "run" / "run.json").unlink()
     (tmp_path / "run").rmdir()
-    folder.finish([{"stage": {"name": "concurrency=1"}, "completed": 1}], sweep=False)
+    stage = summarize_stage(StageRun(Stage(concurrency=1, num_prompts=1), 0, 0.0))
+    folder.finish([replace(stage, completed=1)], sweep=False)
     assert folder.path.parent == tmp_path / "cache" / "rescued"
     assert json.loads((folder.path / "summary.json").read_text())["completed"] == 1
     assert folder.warnings and "could not write the run folder" in folder.warnings[0]

@@ -18,6 +18,7 @@ import pytest
 from pdscope.load.results import load_requests, read_run
 from pdscope.plan.demand import replay
 from pdscope.selftest import FAULTS, ReferenceConfig, run_in_subprocess
+from tests.noise import server_first_token_late_ms
 
 FAST = dict(ttft_base_s=0.02, ttft_per_token_s=0.0, itl_s=0.005)
 
@@ -87,7 +88,10 @@ def test_open_loop_sends_on_schedule_and_reports_the_lag(reference: str, tmp_pat
     assert demand.arrival_s[-1] == pytest.approx((sent[-1] - sent[0]) / 1e9)
     assert set(demand.prompt_tokens.tolist()) == {x["prompt_tokens"] for x in lines}
     assert set(demand.output_tokens.tolist()) == {10}
-    assert s["median_ttft_ms"] == pytest.approx(20.0, abs=3.0)
+    # The server's schedule (20 ms), as the server kept it on a busy machine: a TTFT read from
+    # the wrong moment (the role chunk, the last token) is off by 20 ms or more.
+    late = server_first_token_late_ms(lines)
+    assert s["median_ttft_ms"] == pytest.approx(20.0 + late, abs=3.0), late
 
 
 def test_max_concurrency_wait_is_reported_apart_from_ttft(reference: str, tmp_path: Path) -> None:

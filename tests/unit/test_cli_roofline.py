@@ -76,6 +76,67 @@ def test_ceiling_with_a_model_context_and_batch() -> None:
     assert bits[8] > 1.5 and bits[4] > bits[8]
 
 
+def test_ceiling_on_gpu_gives_the_split_ceiling_beside_all_on_the_gpu() -> None:
+    # 8B at 4 bits = 4 GB; 63% on an RTX 4090 (1,008 GB/s), 37% in dual channel DDR5-5600
+    # (90 GB/s): 2.52 GB / 1,008 GB/s + 1.48 GB / 90 GB/s = 18.94 ms -> 52.8 tok/s, not 252.
+    r = pdscope("ceiling", "--params", "8e9", "--dtype", "int4", "--device", "rtx-4090",
+                "--on-gpu", "0.63", "--cpu-device", "ddr5-5600-2ch", "--json")
+    assert r.returncode == 0, r.stderr
+    [row] = json.loads(r.stdout)
+    off = row["offload"]
+    assert off["on_gpu"] == 0.63
+    assert off["cpu_device_id"] == "cpu-ddr5-5600-2ch"
+    assert off["decode_ceiling_tok_s"] == pytest.approx(1 / (2.52e9 / 1008e9 + 1.48e9 / 90e9))
+    assert off["decode_all_on_gpu_tok_s"] == pytest.approx(252)
+    assert off["prefill_ceiling_tok_s"] is None  # the table's DDR5 row has no FLOPS figure
+    assert row["decode_ceiling_tok_s"] == 252  # the row itself is unchanged
+
+
+def test_ceiling_on_gpu_prints_both_and_skips_devices_that_are_not_gpus() -> None:
+    r = pdscope("ceiling", "--params", "8e9", "--dtype", "fp16", "--on-gpu", "0.63",
+                "--cpu-device", "ddr5-5600-2ch")
+    assert r.returncode == 0, r.stderr
+    assert "63% of the weights in GPU memory and 37% in system" in r.stdout
+    row = next(line for line in r.stdout.splitlines() if "RTX 4090" in line
+               and "13.2" in line)
+    assert "63" in row  # all on the GPU: the article's 63 tok/s; split: 13.2
+    assert "not GPUs have no split ceiling" in r.stderr
+
+
+def test_ceiling_on_gpu_measures_this_machine_s_cpu_by_default(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dataclasses import replace
+
+    from pdscope import hardware
+
+    cpu = replace(hardware.find_device("ddr5-5600-2ch"), id="local-cpu", name="this CPU",
+                  mem_bandwidth_gb_s=50.0, bf16_tflops=1.0, measured=True)
+    monkeypatch.setattr(hardware, "measure_local_cpu", lambda: cpu)
+    assert cli.main(["ceiling", "--params", "8e9", "--dtype", "int4", "--device", "rtx-4090",
+                     "--on-gpu", "0.5", "--json"]) == 0
+    off = json.loads(capsys.readouterr().out)[0]["offload"]
+    assert off["cpu_device"] == "this CPU" and off["cpu_measured"] is True
+    assert off["decode_ceiling_tok_s"] == pytest.approx(1 / (2e9 / 1008e9 + 2e9 / 50e9))
+    assert off["prefill_ceiling_tok_s"] is not None
+
+
+def test_kv_with_slots_says_when_their_kv_pushes_the_weights_off_the_gpu() -> None:
+    cfg = str(MODEL_CONFIGS / "meta-llama__Llama-3.1-8B.json")
+    args = ("kv", "--model", cfg, "--context", "8192", "--device", "rtx-4090")
+    one = pdscope(*args, "--slots", "1", "--json")
+    eight = pdscope(*args, "--parallel", "8", "--json")
+    assert one.returncode == 0 and eight.returncode == 0, one.stderr + eight.stderr
+    a, b = json.loads(one.stdout), json.loads(eight.stdout)
+    assert b["slots_kv_bytes"] == 8 * 131072 * 8192 == 8 * a["slots_kv_bytes"]
+    assert a["devices"][0]["weights_spill"] is False
+    assert b["devices"][0]["weights_spill"] is True
+    assert b["devices"][0]["weights_on_gpu_beside_slots"] < 1
+    text = pdscope(*args, "--slots", "8")
+    assert "KV of 8 slots: 8.59 GB" in text.stdout
+    assert "system RAM" in text.stdout and "--on-gpu 0.78" in text.stdout
+
+
 def test_kv_json_for_the_articles_8b_example() -> None:
     r = pdscope("kv", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
                 "--context", "8000", "--json")
@@ -142,15 +203,21 @@ def test_a_context_beyond_the_models_maximum_warns_but_runs() -> None:
     assert json.loads(r.stdout)["context"] == 100000
 
 
-def test_every_command_has_help_with_an_example() -> None:
+def test_every_command_has_help_with_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    # In this process (a process a command cost 35 s on a busy 2-core machine); the command
+    # line itself prints the same parser's help (one command run as a process below).
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     names = list(sub.choices)  # type: ignore[union-attr]
     assert {"ceiling", "kv", "devices"} <= set(names)
     for name in names:
-        r = pdscope(name, "--help")
-        assert r.returncode == 0
-        assert "examples:" in r.stdout and f"pdscope {name}" in r.stdout.split("examples:")[1]
+        with pytest.raises(SystemExit) as exit_:
+            build_parser().parse_args([name, "--help"])
+        assert exit_.value.code == 0
+        out = capsys.readouterr().out
+        assert "examples:" in out and f"pdscope {name}" in out.split("examples:")[1], name
+    r = pdscope("bench", "--help")
+    assert r.returncode == 0 and "--find-capacity" in r.stdout.split("examples:")[1]
 
 
 def test_version_is_the_installed_distribution_s() -> None:

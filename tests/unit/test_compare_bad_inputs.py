@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pdscope import cli
+from pdscope.load import Stage
 
 DOWN = "http://127.0.0.1:9"
 
@@ -19,7 +20,7 @@ def _bench_folder(path: Path, output_len: int) -> Path:
     path.mkdir(parents=True)
     meta = {"server": "pdscope-reference", "model": "m", "server_version": "0.1.0",
             "workload": f"synthetic: 32 tokens in, {output_len} out",
-            "stages": [{"mode": "open-loop", "request_rate": 10.0, "concurrency": None}]}
+            "stages": [Stage(request_rate=10.0, num_prompts=5).to_json()]}
     (path / "run.json").write_text(json.dumps(meta))
     lines = []
     for i in range(5):

@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pdscope import cli
@@ -66,7 +67,10 @@ def test_the_same_server_twice_is_the_same_on_per_token_figures(runs: dict[str, 
     for metric in PER_TOKEN:
         row = c.row(metric)
         assert row is not None and row.verdict == "~", (metric, row)
-        assert row.delta_pct is not None and abs(row.delta_pct) < 2
+        # Well under the 20 % that the slower server makes: on a busy 2-core machine the
+        # reference server's pace drifts by a few percent from one run to the next (+3.3 % on
+        # the TPOT, seen beside a build).
+        assert row.delta_pct is not None and abs(row.delta_pct) < 8
 
 
 def test_unlike_runs_are_refused_with_what_differs(runs: dict[str, Path]) -> None:
@@ -235,7 +239,11 @@ def test_experiment_files_of_a_real_doctor_run(name: str, metric: str, tmp_path:
 
 
 def test_the_doctor_probe_keeps_its_records_for_compare() -> None:
-    # docs/example was written before the doctor kept them: its phases give the figures.
+    # docs/example keeps the probe's requests: compare reads the measured ones, a value each,
+    # and leaves out the cold first request, as the doctor's own figures do.
     side = read_side(EXAMPLE.parent)
     assert side.kind == "doctor"
-    assert side.runs[0].scalars["decode_tok_s"] > 0
+    probe = json.loads(EXAMPLE.read_text())["experiments"]["probe"]
+    decode = side.runs[0].series["decode"]
+    assert len(decode) == probe["runs"] == len(probe["requests"]) - 1
+    assert float(np.median(decode)) == pytest.approx(probe["decode_tok_s"], rel=1e-6)

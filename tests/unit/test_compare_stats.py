@@ -4,13 +4,14 @@ that load brings, power, the minimum effect, Welch's test and the CI gate."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pdscope.compare import Run, Side, parse_limits
-from pdscope.compare.comparison import Row
+from pdscope.compare.comparison import Row, _adjusted
 from pdscope.compare.gate import Limit
 from pdscope.compare.significance import (
     Change,
@@ -18,6 +19,7 @@ from pdscope.compare.significance import (
     bootstrap_change,
     bootstrap_percentile,
     effective_size,
+    holm,
     percentile_estimate,
     rank_test,
     verdict,
@@ -234,3 +236,36 @@ def test_welch_log_change_of_run_percentiles() -> None:
     assert ch.p_value is not None and ch.p_value < 0.01
     assert ch.low_pct is not None and ch.high_pct is not None and 50 < ch.low_pct < 100
     assert welch_log_change([1.0], [2.0], 1.0, 2.0).p_value is None
+
+
+def test_holm_adjusts_by_hand_and_keeps_untested_figures_out() -> None:
+    # Sorted 0.01, 0.02, 0.04 of three tests: 3 x 0.01, 2 x 0.02, then max(0.04, 0.04).
+    assert holm([0.04, None, 0.01, 0.02]) == pytest.approx([0.04, None, 0.03, 0.04])
+    # Never below the one before it, never above 1.
+    assert holm([0.5, 0.01, 0.6]) == pytest.approx([1.0, 0.03, 1.0])
+    assert holm([]) == [] and holm([None]) == [None]
+
+
+def test_a_server_against_itself_calls_no_figure_different_at_alpha() -> None:
+    # Eight figures of one A/A comparison, each p uniform (no real change): at 0.05 each, some
+    # figure reads different in about a third of the comparisons; adjusted, in about 5 %.
+    rng = np.random.default_rng(3)
+    families = rng.uniform(size=(4000, 8))
+    raw = float(np.mean(families.min(axis=1) < 0.05))
+    adjusted = float(np.mean([min(holm(list(f))) < 0.05 for f in families]))  # type: ignore[type-var]
+    assert raw > 0.25 and adjusted < 0.065, (raw, adjusted)
+
+
+def test_a_comparison_reads_its_verdicts_from_the_adjusted_p_values() -> None:
+    # The A/A failure seen in CI: ITL p50 +17.6 % at p = 0.039, among figures with no change.
+    def row(metric: str, delta: float, p: float) -> Row:
+        return replace(_row(delta, False), metric=metric, p_value=p)
+    rows = [row("itl_p50_s", 17.6, 0.039)] + [row(f"m{i}", 1.0, 0.5 + i / 20) for i in range(7)]
+    out = _adjusted(rows, 0.05, 0.10)
+    itl = out[0]
+    assert itl.verdict == "~" and not itl.significant and itl.p_raw == pytest.approx(0.039)
+    assert itl.p_value == pytest.approx(8 * 0.039)
+    # A real change stays significant among them.
+    strong = _adjusted([row("ttft_p50_s", 14.0, 0.0005), *rows[1:]], 0.05, 0.10)[0]
+    assert strong.verdict == "worse" and strong.significant
+    assert strong.p_value == pytest.approx(0.004)

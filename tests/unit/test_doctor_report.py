@@ -47,6 +47,8 @@ def test_doctor_writes_evidence_findings_and_report(doctor_out: Path) -> None:
         0.00005 * 1000, rel=0.3)
     # It streams every request on its own schedule: no stall when a long prompt arrives.
     assert by_id["prefill-interference"]["status"] == "clear"
+    # Every prompt it was sent it reports whole (its tokenizer is the client's).
+    assert by_id["prompt-truncated"]["status"] == "clear"
     # It is no model: the ceiling rules say what they lack instead of guessing.
     assert by_id["decode-near-ceiling"]["status"] == "insufficient"
     evidence = json.loads((doctor_out / "evidence.json").read_text())
@@ -62,6 +64,13 @@ def test_doctor_writes_evidence_findings_and_report(doctor_out: Path) -> None:
     assert evidence["plan"]["curve"][0][0] == 1
     html = (doctor_out / "report.html").read_text()
     assert "plan-capacity" in html
+    # The library's notes name fields; the doctor's files, written by the CLI, its flags.
+    assert evidence["skipped"]["context"] == "left out of --quick"
+    assert "context skipped: left out of --quick" in evidence["notes"]
+    assert any(" --slo ttft:" in a and "--input-len" in a for a in by_id["capacity"]["advice"])
+    assert "left out of --quick" in html and "left out of quick" not in html
+    stdout = json.loads((doctor_out / "stdout.json").read_text())
+    assert stdout["skipped"]["context"] == "left out of --quick"
     assert html.count("<svg") >= 5
     assert "<script" not in html  # self-contained and static: nothing to fetch or run
 

@@ -7,12 +7,14 @@ from dataclasses import replace
 import pytest
 
 from pdscope.doctor.evidence import (
+    CapacitySearchEvidence,
     ContextEvidence,
     Evidence,
     HardwareEvidence,
     InterferenceEvidence,
     LoadEvidence,
     LoadLevel,
+    OffloadEvidence,
     PhaseEvidence,
     PlanEvidence,
     PrefixEvidence,
@@ -37,6 +39,7 @@ from pdscope.doctor.rules import (
     queueing_capacity,
     queueing_scheduler,
     tail_latency_batching,
+    weights_offloaded,
 )
 
 VLLM = ServerEvidence(kind="vllm", version="0.32.0", model="m")
@@ -156,6 +159,23 @@ def test_no_waiting_is_clear_and_unknown_kv_usage_is_insufficient() -> None:
     llamacpp = ev(queue=queue(3, None, None))
     assert queueing_capacity(llamacpp).status == "insufficient"
     assert queueing_scheduler(ev()).status == "insufficient"
+
+
+def test_llama_cpp_s_requests_wait_for_a_slot_and_the_advice_keeps_each_slot_s_context() -> None:
+    llamacpp = ServerEvidence(kind="llama.cpp", model="m")
+    slots = replace(queue(4, None, "scheduler"), running_at_max_waiting=4, slots=4,
+                    slot_context_tokens=4096, kv_unified=False)
+    f = queueing_scheduler(Evidence(server=llamacpp, queue=slots))
+    assert f.fired and "4 of 4 slots busy" in f.reason
+    assert f.evidence["slots"] == 4 and f.evidence["running"] == 4
+    first = f.advice[0]
+    # Twice the slots, and the split context grown with them so that a slot keeps 4,096.
+    assert "--parallel from 4 to 8" in first and "--ctx-size from 16,384 to 32,768" in first
+    assert "--kv-unified" in " ".join(f.advice)
+    unified = queueing_scheduler(Evidence(server=llamacpp, queue=replace(slots, kv_unified=True)))
+    assert "--ctx-size stays the pool" in unified.advice[0]
+    # Not a full pool: each slot holds its own context.
+    assert queueing_capacity(Evidence(server=llamacpp, queue=slots)).status == "clear"
 
 
 def test_preemption() -> None:
@@ -288,7 +308,7 @@ def test_diagnose_runs_every_rule_and_ranks_fired_findings_first() -> None:
 
 def test_with_no_evidence_every_rule_says_what_it_lacks() -> None:
     findings = diagnose(ev())
-    assert len(findings) == len(RULES) == 14  # the fourteen rules of pdscope.doctor.rules
+    assert len(findings) == len(RULES) == 17  # the seventeen rules of pdscope.doctor.rules
     assert all(f.status == "insufficient" for f in findings)
     assert all(f.reason.startswith("not enough evidence") for f in findings)
 
@@ -325,8 +345,77 @@ def test_capacity_sets_the_prediction_beside_the_measured_levels_and_the_best_ch
     assert small.fired and small.severity == "info"
 
 
+def test_capacity_says_the_thorough_search_beside_the_prediction() -> None:
+    searched = CapacitySearchEvidence(users=5, first_failing=6, held=True, predicted_users=6,
+                                      levels=3, stages=5, elapsed_s=75.0, stopped="bracket")
+    f = capacity(ev(plan=plan(6), capacity_search=searched))
+    assert "predicts 6 concurrent users" in f.reason
+    assert "measured by a search from the prediction: 5 concurrent users meet it" in f.reason
+    assert "6 concurrent users missed it, the bracket held" in f.reason
+    assert f.evidence["searched_users"] == 5 and f.evidence["searched_held"] is True
+    shaky = capacity(ev(plan=plan(6), capacity_search=replace(searched, held=False)))
+    assert "did not hold" in shaky.reason
+    none = capacity(ev(plan=plan(None), capacity_search=replace(searched, users=None)))
+    assert "none met the SLO" in none.reason
+    assert "searched" not in capacity(ev(plan=plan(6))).reason
+
+
 def test_capacity_when_one_user_misses_the_slo_says_the_floor() -> None:
     f = capacity(ev(plan=plan(None)))
     assert f.fired and f.severity == "high"
     assert "TTFT p99 is 3.1 s" in f.reason
     assert capacity(ev()).status == "insufficient"
+
+
+# --- weights spilled to system RAM --------------------------------------------------------------
+
+# The example: an 8B model at 16 bits, 63% on an RTX 4090 (1,008 GB/s, 63 tok/s all on
+# it), the rest in dual channel DDR5 (90 GB/s): 1 / (10.08 GB / 1,008 + 5.92 GB / 90) = 13.2.
+SPILLED = OffloadEvidence(on_gpu=0.63, source="Ollama /api/ps: size_vram of size",
+                          gpu_device="NVIDIA RTX 4090", device_kind="gpu",
+                          cpu_device="CPU, dual channel DDR5-5600", cpu_mem_bandwidth_gb_s=90,
+                          decode_ceiling_tok_s=13.2, all_on_gpu_tok_s=63.0)
+OLLAMA = ServerEvidence(kind="ollama", model="llama3.1:8b-instruct-fp16")
+
+
+def test_weights_in_system_ram_fire_with_the_split_ceiling_and_ollama_s_knobs() -> None:
+    f = weights_offloaded(Evidence(server=OLLAMA, offload=SPILLED))
+    assert f.status == "fired" and f.severity == "high"
+    assert f.reason.startswith("37% of the weights run from system RAM: the ceiling is 13"
+                               " tok/s, not 63")
+    assert "assumed" in f.reason  # a CPU from the device table, not measured
+    assert "num_gpu" in f.advice[0] and "OLLAMA_NUM_PARALLEL" in f.advice[0]
+    assert f.evidence["off_gpu"] == pytest.approx(0.37)
+
+
+def test_on_llama_cpp_the_advice_is_every_layer_on_the_gpu_and_the_slots_kv() -> None:
+    server = ServerEvidence(kind="llama.cpp", model="m")
+    spilled = replace(SPILLED, source="the server's flags: -ngl 20", slots=4,
+                      slot_context_tokens=8192, slots_kv_bytes=4 * 8192 * 131072)
+    f = weights_offloaded(Evidence(server=server, offload=spilled))
+    assert f.fired
+    assert "-ngl 999" in f.advice[0]
+    assert "4 parallel slots of 8,192 tokens hold 4.3 GB of KV cache" in f.advice[1]
+
+
+def test_without_the_device_the_finding_still_fires_without_a_ceiling() -> None:
+    bare = OffloadEvidence(on_gpu=0.5, source="the server's flags: -ngl 16")
+    f = weights_offloaded(Evidence(server=ServerEvidence(kind="llama.cpp"), offload=bare))
+    assert f.fired and "50% of the weights run from system RAM" in f.reason
+    assert "tok/s" not in f.reason
+
+
+def test_every_weight_on_the_gpu_is_clear() -> None:
+    f = weights_offloaded(Evidence(server=OLLAMA, offload=replace(SPILLED, on_gpu=1.0)))
+    assert f.status == "clear" and "100% of the weights are in GPU memory" in f.reason
+
+
+def test_a_server_on_a_cpu_has_nothing_to_offload() -> None:
+    cpu = OffloadEvidence(on_gpu=0.0, source="Ollama /api/ps: size_vram of size",
+                          device_kind="cpu")
+    assert weights_offloaded(Evidence(server=OLLAMA, offload=cpu)).status == "clear"
+
+
+def test_a_server_that_does_not_say_where_its_weights_are_is_insufficient() -> None:
+    f = weights_offloaded(ev())
+    assert f.status == "insufficient" and "/api/ps" in f.reason

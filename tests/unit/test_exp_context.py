@@ -86,6 +86,6 @@ def test_a_bin_of_bursty_gaps_keeps_its_step_time() -> None:
     # Tokens delivered four at a time, 40 ms apart: three gaps in four are 0, so the median
     # is 0; the bin's step time is still the mean, 10 ms.
     gaps = tuple([0.0, 0.0, 0.0, 0.04] * 8)
-    [b] = context_bins([(100, gaps)], bin_tokens=32)
+    [b] = context_bins([(100, gaps, 0)], bin_tokens=32)
     assert b.itl_median_s == pytest.approx(0.01)
     assert b.samples == 32

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from pdscope.client.record import RecordBuilder
 from pdscope.errors import InputError
 from pdscope.experiments.common import parse_counts, polyfit
 from pdscope.experiments.context import context_bins
@@ -122,7 +123,7 @@ def test_the_overhead_is_never_taken_below_zero() -> None:
 
 def test_context_bins_stand_at_prompt_plus_position() -> None:
     itl = tuple(0.01 + 1e-6 * j for j in range(64))  # gap j after token j
-    bins = context_bins([(1000, itl)], 32)
+    bins = context_bins([(1000, itl, 0)], 32)
     assert [(b.first_position, b.last_position, b.samples) for b in bins] == [
         (0, 31, 32), (32, 63, 32)]
     assert bins[0].context == pytest.approx(1000 + 15.5 + 1)
@@ -130,8 +131,24 @@ def test_context_bins_stand_at_prompt_plus_position() -> None:
     assert bins[0].decode_tok_s == pytest.approx(1 / (0.01 + 1e-6 * 15.5))
 
 
+def test_a_first_chunk_of_many_tokens_moves_the_gaps_to_their_positions() -> None:
+    # A server short of CPU sent the first 40 tokens in one write, then one a chunk: 128
+    # tokens, 88 gaps, the first of them gap 39 (between tokens 39 and 40).
+    b = RecordBuilder(request_id="r", api="openai", model="m")
+    b.add_tokens(0, "x" * 40, 40)
+    for i in range(1, 89):
+        b.add_tokens(i * 10_000_000, "x", 1)
+    rec = b.build()
+    assert rec.first_gap_index == 39 and len(rec.itl_s) == 88
+    bins = context_bins([(1000, rec.itl_s, rec.first_gap_index)], 32)
+    # Positions 39..126: bin 1 holds 25 gaps (39..63), bins 2 and 3 hold 32 and 31.
+    assert [(b.first_position, b.last_position, b.samples) for b in bins] == [
+        (39, 63, 25), (64, 95, 32), (96, 126, 31)]
+    assert bins[0].context == pytest.approx(1000 + 51 + 1)
+
+
 def test_a_ragged_last_bin_is_left_out_and_runs_pool_by_position() -> None:
-    runs = [(500, (0.02,) * 35), (500, (0.04,) * 35)]
+    runs = [(500, (0.02,) * 35, 0), (500, (0.04,) * 35, 0)]
     bins = context_bins(runs, 32)
     assert len(bins) == 1  # positions 32..34: 6 gaps of the two runs, under a quarter of 32
     assert bins[0].samples == 64 and bins[0].itl_median_s == pytest.approx(0.03)

@@ -137,3 +137,17 @@ def test_a_prompt_past_a_slot_s_context_is_a_400_that_says_both_sizes() -> None:
     assert error["type"] == "exceed_context_size_error" and error["code"] == 400
     assert error["n_ctx"] == PROPS["default_generation_settings"]["n_ctx"]
     assert error["n_prompt_tokens"] > error["n_ctx"]
+
+
+def test_the_prompt_cache_hit_rate_is_cached_against_computed_tokens() -> None:
+    before = parse_metrics(captured("metrics-after-one.txt"), t=0.0, wall=0.0)
+    after = parse_metrics(captured("metrics-after-load.txt"), t=30.0, wall=30.0)
+    window = make_window(before, after, LLAMACPP_METRICS)
+
+    def delta(name: str) -> float:
+        return (after.counter((name,)) or 0) - (before.counter((name,)) or 0)
+
+    cached = delta("llamacpp:prompt_tokens_cached_total")
+    computed = delta("llamacpp:prompt_tokens_total")  # "excluding cached tokens"
+    assert computed > 0
+    assert window.prefix_cache_hit_rate == pytest.approx(cached / (cached + computed))

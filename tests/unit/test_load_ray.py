@@ -15,6 +15,7 @@ import pytest
 
 from pdscope.load.results import load_requests
 from pdscope.selftest import ReferenceConfig, run_in_subprocess
+from tests.noise import server_first_token_late_ms
 
 TTFT_S = 0.02
 
@@ -63,8 +64,10 @@ def test_a_bench_across_two_ray_nodes(two_nodes: str, tmp_path: Path) -> None:
         p50, p99 = np.percentile(values, [50, 99])
         assert s[f"median_{name}_ms"] == pytest.approx(p50, rel=1e-9), name
         assert s[f"p99_{name}_ms"] == pytest.approx(p99, rel=1e-9), name
-    # The timing is the server's schedule: TTFT 20 ms.
-    assert abs(s["median_ttft_ms"] - TTFT_S * 1000) < 2.0, s["median_ttft_ms"]
+    # The timing is the server's schedule, TTFT 20 ms, as the server kept it (on a busy
+    # machine it sends late itself: tests/noise.py).
+    late = server_first_token_late_ms(ok)
+    assert abs(s["median_ttft_ms"] - TTFT_S * 1000 - late) < 2.0, (s["median_ttft_ms"], late)
     # Both nodes' clocks measured before and after, with their uncertainty; on one machine
     # the offset is zero to within it (the nodes share the monotonic clock).
     clocks = json.loads((tmp_path / "clocks.json").read_text())

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -10,10 +13,10 @@ from pdscope.client import RequestRecord
 from pdscope.errors import InputError
 from pdscope.load import Stage, StageRun, parse_slo, summarize_stage
 from pdscope.load.runner import Finished
-from pdscope.load.schedule import arrival_offsets
-from pdscope.load.summary import peak_output_rate
+from pdscope.load.summary import StageSummary, peak_output_rate, read_summaries, write_summaries
 from pdscope.units import NS
 from pdscope.workload.datasets import parse_lengths
+from pdscope.workload.schedule import arrival_offsets
 
 MS = 1_000_000
 
@@ -41,7 +44,7 @@ def stage_run(records: list[RequestRecord], warmup: int = 0, duration_s: float =
 def test_percentiles_come_from_completed_requests_only() -> None:
     ok = [record(i * 100, ttft_ms=50 + i, itl_ms=10, n=11) for i in range(10)]
     bad = [record(5000 + i, 0, 0, 0, error="http_5xx") for i in range(3)]
-    s = summarize_stage(stage_run(ok + bad))
+    s = summarize_stage(stage_run(ok + bad)).to_json()
     assert (s["sent"], s["completed"], s["failed"], s["incomplete"]) == (13, 10, 3, 0)
     assert s["failed_by_cause"] == {"http_5xx": 3}
     assert s["median_ttft_ms"] == pytest.approx(54.5, abs=1e-6)  # 50..59
@@ -56,22 +59,58 @@ def test_warmup_requests_are_left_out_of_the_statistics() -> None:
     records = [record(0, ttft_ms=900, itl_ms=10, n=5)] + [
         record(100 * i, ttft_ms=50, itl_ms=10, n=5) for i in range(1, 5)
     ]
-    s = summarize_stage(stage_run(records, warmup=1))
+    s = summarize_stage(stage_run(records, warmup=1)).to_json()
     assert s["warmup_requests"] == 1 and s["sent"] == 4
     assert s["max_ttft_ms"] == pytest.approx(50.0)
 
 
 def test_goodput_counts_requests_within_every_objective() -> None:
     records = [record(0, 100, 10, 5), record(0, 600, 10, 5), record(0, 100, 80, 5)]
-    s = summarize_stage(stage_run(records), parse_slo("ttft:500,tpot:50"))
+    s = summarize_stage(stage_run(records), parse_slo("ttft:500,tpot:50")).to_json()
     assert s["good_requests"] == 1
     assert s["request_goodput"] == pytest.approx(1 / 2.0)
 
 
 def test_goodput_writes_its_objectives_in_the_milliseconds_given() -> None:
-    s = summarize_stage(stage_run([record(0, 100, 10, 5)]), parse_slo("ttft:4.35,e2e:5000"))
+    s = summarize_stage(stage_run([record(0, 100, 10, 5)]),
+                        parse_slo("ttft:4.35,e2e:5000")).to_json()
     assert s["goodput_slo_ms"] == {"ttft": 4.35, "e2el": 5000.0}  # vllm bench serve's names
     assert s["good_requests"] == 0
+
+
+def test_the_summary_holds_seconds_and_writes_vllm_bench_serves_milliseconds() -> None:
+    ok = [record(i * 100, ttft_ms=50 + i, itl_ms=10, n=11) for i in range(10)]
+    bad = [record(5000, 0, 0, 0, error="http_5xx")]
+    summary = summarize_stage(stage_run(ok + bad), parse_slo("ttft:500,tpot:50"))
+    assert summary.ttft.median_s == pytest.approx(0.0545)
+    assert summary.itl.p99_s == pytest.approx(0.010)
+    assert summary.name == "concurrency=2" and summary.failed_by_cause == {"http_5xx": 1}
+    data = summary.to_json()
+    assert list(data)[:3] == ["stage", "started_at", "duration_s"]
+    assert [k for k in data if k.endswith("_ttft_ms")] == [
+        "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p90_ttft_ms", "p95_ttft_ms",
+        "p99_ttft_ms", "max_ttft_ms"]
+    assert list(data)[-3:] == ["goodput_slo_ms", "good_requests", "request_goodput"]
+    # Read back, it is the same summary, and writes the same JSON.
+    again = StageSummary.from_json(json.loads(json.dumps(data)))
+    assert again.goodput == summary.goodput and again.stage == summary.stage
+    assert again.ttft.median_s == pytest.approx(summary.ttft.median_s, rel=1e-15)
+    assert again.to_json().keys() == data.keys()
+
+
+def test_a_summary_json_reads_back_as_one_summary_or_a_sweeps(tmp_path: Path) -> None:
+    one = summarize_stage(stage_run([record(0, 100, 10, 5)]))
+    two = replace(one, stage=Stage(request_rate=float("inf"), num_prompts=1))
+    write_summaries(tmp_path / "one.json", [one], sweep=False)
+    write_summaries(tmp_path / "two.json", [one, two], sweep=True)
+    write_summaries(tmp_path / "none.json", [], sweep=False)
+    assert [s.name for s in read_summaries(tmp_path / "one.json")] == ["concurrency=2"]
+    assert [s.name for s in read_summaries(tmp_path / "two.json")] == ["concurrency=2",
+                                                                       "rate=inf"]
+    assert read_summaries(tmp_path / "none.json") == ()
+    (tmp_path / "bad.json").write_text('{"stage": 3}')
+    with pytest.raises(InputError, match="not a stage summary"):
+        read_summaries(tmp_path / "bad.json")
 
 
 def test_bad_goodput_spec_is_an_input_error() -> None:

@@ -25,7 +25,6 @@ from pdscope.client import RequestRecord, Target, Timeouts, new_session
 from pdscope.errors import InputError
 from pdscope.load.results import load_requests
 from pdscope.load.runner import Finished, Share, Stage, StageRun, closed_loop_indices, run_stage
-from pdscope.load.schedule import arrival_offsets
 from pdscope.load.workers import (
     LocalPool,
     best_offset,
@@ -37,6 +36,7 @@ from pdscope.load.workers import (
 from pdscope.selftest import ReferenceConfig, run_in_subprocess
 from pdscope.units import NS
 from pdscope.workload.datasets import WorkItem
+from pdscope.workload.schedule import arrival_offsets
 
 FAST = dict(ttft_base_s=0.02, ttft_per_token_s=0.0, itl_s=0.005)
 ITEMS = [WorkItem(10, prompt="one two three four five six seven eight", prompt_tokens=8)]

@@ -220,8 +220,9 @@ def test_every_current_vllm_name_is_in_the_real_text() -> None:
     fills, as a metric of the role's type; the older names are for older versions."""
     snap = parse_metrics(exposition(VLLM_CPU))
     filled = [role for role in ROLES if VLLM.names(role)]
-    # The 24 roles but prefix_hit_rate, prefill_seconds, decode_seconds and engine_steps.
-    assert len(ROLES) == 24 and len(filled) == 20
+    # The 25 roles but prefix_misses, prefix_hit_rate, prefill_seconds, decode_seconds and
+    # engine_steps.
+    assert len(ROLES) == 25 and len(filled) == 20
     for role in filled:
         name = VLLM.names(role)[0]
         assert snap.found(name, VLLM.kind(role)) == name, role

@@ -12,6 +12,7 @@ from pdscope.metrics import (
     classify_queueing,
     signals,
 )
+from pdscope.metrics.signals import queueing_signal
 from pdscope.metrics.window import Window
 
 CALM = Window(
@@ -63,9 +64,18 @@ def test_unknown_when_the_queue_or_the_pool_is_not_exported() -> None:
         CALM, num_requests_waiting=None, missing={"num_requests_waiting": "not exported by X"}
     )
     assert classify_queueing(no_queue) is None
-    # llama.cpp: requests are deferred, but how full the KV cache is, it does not say.
+    # A server that does not say how full its KV cache is, where requests may wait for it.
+    unknown = replace(CALM, family="tgi", num_requests_waiting=2, kv_cache_usage=None)
+    assert classify_queueing(unknown) is None
+    assert classify_queueing(replace(unknown, num_requests_waiting=0)) == "none"
+
+
+def test_llama_cpp_s_deferred_requests_wait_for_a_slot() -> None:
+    # llama.cpp defers a request only when no slot is free, and each slot holds its own
+    # context: the slots' limit, whatever the KV cache holds (which it does not export).
     llamacpp = replace(CALM, family="llama.cpp", num_requests_waiting=2, kv_cache_usage=None)
-    assert classify_queueing(llamacpp) is None
+    assert classify_queueing(llamacpp) == "scheduler"
+    assert "slot" in queueing_signal(llamacpp).meaning
     assert classify_queueing(replace(llamacpp, num_requests_waiting=0)) == "none"
 
 

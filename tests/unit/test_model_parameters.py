@@ -275,7 +275,10 @@ def test_the_decode_ceiling_uses_the_parameters_read_a_token() -> None:
     assert g.read_weight_bytes() == read_bytes
     assert roofline.decode_ceiling(g, h100).tok_s == pytest.approx(3350e9 / read_bytes)
     linear, _ = roofline.prefill_flops(g, 1000)
-    assert linear == 2 * g.parameters_read_per_token * 1000
+    # The output head (vocabulary x hidden) is computed for the last prompt token only.
+    head = roofline.lm_head_parameters(g)
+    assert head == 151936 * 2048
+    assert linear == 2 * (g.parameters_read_per_token - head) * 1000 + 2 * head
 
 
 def test_kv_json_reports_both_counts(tmp_path: Path) -> None:

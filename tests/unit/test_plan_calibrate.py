@@ -13,9 +13,11 @@ import pytest
 from pdscope.client.record import RequestRecord
 from pdscope.errors import InputError
 from pdscope.plan.calibrate import (
+    CalibratedServer,
     Calibration,
     CalibrationConfig,
     Point,
+    _plan,
     attention_pairs,
     batch_observations,
     chunks,
@@ -97,6 +99,18 @@ def test_streams_decoding_together_count_every_stream_s_context() -> None:
     assert obs[1].context_tokens == pytest.approx(924)
 
 
+def test_a_slots_server_gets_no_batch_larger_than_its_slots() -> None:
+    # Eight or sixteen streams on four slots never all decode at once (four wait for a slot):
+    # such a batch measures nothing, so the plan sends four instead, once.
+    config = CalibrationConfig(runs=1, batch_streams=(2, 4, 8, 16))
+    streams = [s for part, _, _, _, s in _plan(config, serial=False, max_streams=4)
+               if part == "batch"]
+    assert streams == [2, 4]
+    budget = [s for part, _, _, _, s in _plan(config, serial=False) if part == "batch"]
+    assert budget == [2, 4, 8, 16]
+    assert not [p for p in _plan(config, serial=True) if p[0] == "batch"]
+
+
 def test_unreported_settings_become_stated_assumptions() -> None:
     config, assumed = scheduler_from_settings(ServerSettings(), "budget")
     assert config.policy == "budget" and config.max_num_batched_tokens == 2048
@@ -126,8 +140,9 @@ def calibration() -> Calibration:
                       per_context_token_s=1e-6, per_attention_pair_s=1e-9)
     o = StepObservation(steps=2, prompt_tokens=300, sequences=2, context_tokens=0,
                         attention_pairs=45_150, duration_s=0.1)
-    return Calibration(model, SchedulerConfig(policy="budget"), {"url": "http://h:1"},
-                       (Point("prefill", "300", o, 0.09),), ("an assumption",))
+    return Calibration(model, SchedulerConfig(policy="budget"),
+                       CalibratedServer(url="http://h:1"), (Point("prefill", "300", o, 0.09),),
+                       ("an assumption",))
 
 
 def test_a_calibration_reads_back_as_written(tmp_path: Path) -> None:
@@ -138,6 +153,36 @@ def test_a_calibration_reads_back_as_written(tmp_path: Path) -> None:
     assert load_calibration(path).step_model == cal.step_model
     # |0.09 / 0.1 - 1| = 10%.
     assert back.errors_by_part() == {"prefill": pytest.approx(0.1)}
+
+
+# A calibration's ``server`` as pdscope has always written it (live: no ``runs``; from runs:
+# ``runs`` last), the hardware figures beside the rest.
+WRITTEN_SERVER = {
+    "url": "http://127.0.0.1:8000", "family": "llama.cpp", "version": "b4000", "model": "m",
+    "api": "openai",
+    "settings": {"prefill_budget_tokens": 2048, "budget_label": "n_batch", "max_sequences": 4,
+                 "kv_pool_tokens": 16384, "block_size": None, "prefix_caching": True,
+                 "context_tokens": 4096, "kv_unified": False, "ubatch_tokens": 512,
+                 "weights": {"size_bytes": None, "gpu_bytes": None, "gpu_layers": 99,
+                             "extra_layers": 1, "all_layers": False, "cpu_bytes": None,
+                             "source": "the server's -ngl"},
+                 "sources": ["/props"]},
+    "device": "Intel Xeon", "model_source": "/models/m.gguf", "device_bandwidth_gb_s": 50.0,
+    "device_bf16_tflops": None, "bytes_per_weight": 2.0, "kv_bytes_per_token": 23040,
+}
+
+
+@pytest.mark.parametrize("runs", [None, ["runs/bench-c1", "runs/bench-c8"]])
+def test_a_calibrations_server_reads_back_byte_for_byte(tmp_path: Path, runs: list | None) -> None:
+    written = calibration().to_json()
+    written["server"] = dict(WRITTEN_SERVER, **({"runs": runs} if runs else {}))
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(written, indent=2, allow_nan=False))
+    cal = load_calibration(path)
+    assert cal.server.settings.weights is not None and cal.server.settings.weights.gpu_layers == 99
+    assert cal.server.hardware.kv_bytes_per_token == 23040 and cal.server.runs == tuple(runs or ())
+    again = json.loads(cal.save(tmp_path / "again").read_text())
+    assert json.dumps(again["server"], indent=2) == json.dumps(written["server"], indent=2)
 
 
 def test_what_is_not_a_calibration_is_one_clear_error(tmp_path: Path) -> None:

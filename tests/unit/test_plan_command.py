@@ -11,9 +11,11 @@ import pytest
 from pdscope import cli
 from pdscope.plan import (
     SLO,
+    CalibratedServer,
     Calibration,
     Disaggregation,
     FixedLengths,
+    HardwareFigures,
     SchedulerConfig,
     StepModel,
     max_rate,
@@ -24,20 +26,21 @@ from pdscope.plan import (
 
 MODEL = StepModel(0.012, 0.00045, 0.0005, 2e-6, 1e-9)
 SCHEDULER = SchedulerConfig(kv_pool_tokens=60_000)
-HARDWARE = {"device_bandwidth_gb_s": 50.0, "device_bf16_tflops": 2.0, "bytes_per_weight": 2.0,
-            "kv_bytes_per_token": 23_040.0}
+HARDWARE = HardwareFigures(device_bandwidth_gb_s=50.0, device_bf16_tflops=2.0,
+                           bytes_per_weight=2.0, kv_bytes_per_token=23_040.0)
 
 
 @pytest.fixture
 def cal(tmp_path: Path) -> Path:
-    Calibration(MODEL, SCHEDULER, {"family": "vllm", **HARDWARE}).save(tmp_path / "cal")
+    Calibration(MODEL, SCHEDULER, CalibratedServer(family="vllm", hardware=HARDWARE)).save(
+        tmp_path / "cal")
     return tmp_path / "cal"
 
 
 @pytest.fixture
 def cal_without_geometry(tmp_path: Path) -> Path:
     """A calibration made before it recorded the KV bytes a token (or without the model)."""
-    Calibration(MODEL, SCHEDULER, {"family": "vllm"}).save(tmp_path / "bare")
+    Calibration(MODEL, SCHEDULER, CalibratedServer(family="vllm")).save(tmp_path / "bare")
     return tmp_path / "bare"
 
 

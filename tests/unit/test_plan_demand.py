@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from pdscope.errors import InputError
-from pdscope.load.schedule import arrival_offsets
 from pdscope.plan.demand import (
     Demand,
     DrawnLengths,
@@ -19,6 +18,7 @@ from pdscope.plan.demand import (
     open_loop,
 )
 from pdscope.workload.datasets import WorkItem, parse_lengths
+from pdscope.workload.schedule import arrival_offsets
 
 
 def test_an_open_loop_sends_on_pdscope_bench_s_schedule() -> None:

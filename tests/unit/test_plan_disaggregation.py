@@ -22,7 +22,7 @@ from pdscope.plan.demand import (
 )
 from pdscope.plan.scheduler import SchedulerConfig
 from pdscope.plan.simulate import SimResult, simulate
-from pdscope.plan.stepmodel import StepModel
+from pdscope.plan.stepmodel import HardwareFigures, StepModel
 from pdscope.plan.whatif import standard_changes, what_if
 from pdscope.slo import SLO
 from tests.unit.test_plan_simulate import LAB, SHORT, STEP, assert_same
@@ -243,13 +243,14 @@ def test_the_capacity_search_takes_the_split() -> None:
 
 
 def test_whatif_sets_the_splits_beside_as_many_replicas() -> None:
-    changes, notes = standard_changes(LAB, SchedulerConfig(), {}, (), kv_bytes_per_token=23_040)
+    changes, notes = standard_changes(LAB, SchedulerConfig(), HardwareFigures(), (),
+                                      kv_bytes_per_token=23_040)
     split = {c.label: c for c in changes if c.disaggregation is not None}
     assert sorted(split) == ["1P:1D disaggregated, KV over 25 GB/s (2 devices)",
                              "1P:3D disaggregated, KV over 25 GB/s (4 devices)"]
     assert [c.devices for c in split.values()] == [2, 4]
     assert {c.label: c.devices for c in changes}["2 replicas"] == 2
-    _, notes = standard_changes(LAB, SchedulerConfig(), {}, ())
+    _, notes = standard_changes(LAB, SchedulerConfig(), HardwareFigures(), ())
     assert any("no disaggregation" in n for n in notes)
     rows = what_if([changes[0], *split.values()], FixedLengths(1500, 64),
                    SLO(ttft_s=3.0, itl_s=0.1), num_requests=100)

@@ -83,7 +83,7 @@ def test_what_a_run_tells_of_its_steps(tmp_path: Path) -> None:
     (batch,) = parts["batch"]
     assert (batch.steps, batch.sequences, batch.context_tokens) == (2, 4, 322)
     assert batch.duration_s == pytest.approx(0.02)
-    assert cal.server["runs"] == [str(tmp_path / "run")] and cal.server["family"] == "vllm"
+    assert cal.server.runs == (str(tmp_path / "run"),) and cal.server.family == "vllm"
     assert any("sequences at once" in a for a in cal.assumptions)
 
 
@@ -137,7 +137,7 @@ def test_a_doctor_folder_gives_its_load_run(tmp_path: Path) -> None:
     run_folder(doctor / "capacity", [X, A, B])
     (doctor / "findings.json").write_text("{}")
     cal = calibrate_from_runs([doctor])
-    assert cal.server["runs"] == [str(doctor / "capacity")]
+    assert cal.server.runs == (str(doctor / "capacity"),)
 
 
 def test_what_is_not_a_run_is_bad_input(tmp_path: Path) -> None:
@@ -191,7 +191,7 @@ def test_runs_of_the_reference_server_give_back_its_schedule(
     assert m.per_prompt_token_s == pytest.approx(1e-4, rel=0.2)
     assert m.per_sequence_s < 0.0005 and m.per_context_token_s < 1e-6
     assert {p.part for p in cal.points} == {"prefill", "decode", "batch"}
-    assert cal.server["family"] == "pdscope-reference" and len(cal.server["runs"]) == 2
+    assert cal.server.family == "pdscope-reference" and len(cal.server.runs) == 2
     # The fitted server, alone, answers a 500-token prompt as the reference server does.
     alone = simulate(open_loop(1, 1.0, FixedLengths(500, 16)), m, SchedulerConfig())
     assert alone.ttft_s[0] == pytest.approx(REFERENCE.ttft_s(500), rel=0.15)

@@ -147,7 +147,7 @@ def test_local_cpu_spec_carries_the_measurement(monkeypatch: pytest.MonkeyPatch)
     assert spec.name.endswith(" (measured)")
     assert spec.name == cpu_model_name() + " (measured)"
     assert spec.source == (
-        "measured by pdscope devices --probe: numpy copy/triad, best of 3 runs on 2 threads,"
+        "measured by pdscope's bandwidth probe: numpy copy/triad, best of 3 runs on 2 threads,"
         " 8 MB arrays; TFLOPS from an fp32 numpy matmul"
     )
 
@@ -162,7 +162,7 @@ def test_local_cpu_spec_without_a_matmul_figure_or_a_memory_size(
     spec = local_cpu_spec(MEASURED, None)
     assert spec.bf16_tflops is None and spec.memory_gb is None
     assert spec.source == (
-        "measured by pdscope devices --probe: numpy copy/triad, best of 3 runs on 2 threads,"
+        "measured by pdscope's bandwidth probe: numpy copy/triad, best of 3 runs on 2 threads,"
         " 8 MB arrays"
     )
 

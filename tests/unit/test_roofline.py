@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pdscope import roofline
@@ -170,10 +172,26 @@ def test_prefill_flops_are_two_per_parameter_plus_quadratic_attention() -> None:
     m = config("meta-llama__Llama-3.1-8B")
     linear, attention = roofline.prefill_flops(m, 2000)
     # 2 FLOPs a weight read: every weight but the input embedding table (128,256 x 4,096), which
-    # a token looks up rather than multiplies.
-    assert linear == 2 * (m.parameters - 128256 * 4096) * 2000
-    assert linear == 2 * m.parameters_read_per_token * 2000
+    # a token looks up rather than multiplies; and the output head (also 128,256 x 4,096, not
+    # tied in Llama 3.1 8B) for the last prompt token only, the one whose logits are sampled.
+    head = 128256 * 4096
+    assert linear == 2 * (m.parameters - 2 * head) * 2000 + 2 * head
+    assert linear == 2 * (m.parameters_read_per_token - head) * 2000 + 2 * head
     assert attention == 4 * 32 * 128 * (2000 * 2001 / 2) * 32
+
+
+def test_a_prefill_computes_the_output_head_for_its_last_token_only() -> None:
+    # Llama 3.2 1B ties its 128,256 x 2,048 head to the input table: 21% of its weights (as
+    # the lab's SmolLM2-135M: 49,152 x 576), so a prefill that counted the head for every
+    # token would claim over a quarter more FLOPs than it does.
+    m = config("meta-llama__Llama-3.2-1B-Instruct")
+    head = 128256 * 2048
+    assert roofline.lm_head_parameters(m) == head
+    one, _ = roofline.prefill_flops(m, 1)
+    assert one == 2 * m.parameters_read_per_token  # one token: the whole model, head and all
+    thousand, _ = roofline.prefill_flops(m, 1000)
+    assert thousand == 2 * (m.parameters_read_per_token - head) * 1000 + 2 * head
+    assert thousand < 0.8 * 2 * m.parameters_read_per_token * 1000
 
 
 def test_doubling_the_prompt_at_least_doubles_the_ttft() -> None:
@@ -234,3 +252,106 @@ def test_a_model_that_does_not_fit_has_no_pool() -> None:
     pool = roofline.kv_pool(m, find_device("l40s"), 4096)
     assert pool.pool_bytes < 0
     assert pool.max_concurrent_sequences == 0
+
+
+# --- weights split between GPU memory and system RAM (offload) ---------------------------------
+
+EIGHT_B_Q4 = from_parameter_count(8e9, "int4")
+
+
+def test_an_8b_q4_model_63_percent_on_an_rtx_4090_the_rest_in_ddr5_decodes_at_53_tok_s() -> None:
+    # By hand: 8e9 weights x 0.5 bytes = 4.0 GB read a token.
+    #   on the GPU: 0.63 x 4.0 GB = 2.52 GB / 1,008 GB/s (RTX 4090)               =  2.500 ms
+    #   in RAM:     0.37 x 4.0 GB = 1.48 GB /    90 GB/s (dual channel DDR5-5600) = 16.444 ms
+    #   a token: 18.944 ms -> 52.8 tok/s, against 4.0 GB / 1,008 GB/s = 3.968 ms -> 252 tok/s
+    #   with every weight on the GPU: 37% of the weights in RAM make decode 4.8x slower.
+    c = roofline.split_decode_ceiling(
+        EIGHT_B_Q4, find_device("rtx-4090"), find_device("cpu-ddr5-5600-2ch"), 0.63
+    )
+    assert c.gpu_s == pytest.approx(2.52e9 / 1008e9)
+    assert c.cpu_s == pytest.approx(1.48e9 / 90e9)
+    assert c.tok_s == pytest.approx(1 / (2.52e9 / 1008e9 + 1.48e9 / 90e9))
+    assert round(c.tok_s, 1) == 52.8
+    assert roofline.article_round(c.all_on_gpu_tok_s) == 252
+    assert c.slowdown == pytest.approx(252 / 52.79, rel=1e-3)
+    assert c.off_gpu == pytest.approx(0.37)
+
+
+def test_the_issue_s_example_37_percent_in_ram_takes_an_8b_fp16_model_from_63_to_13_tok_s() -> None:
+    # 16 GB: 0.63 x 16 GB / 1,008 GB/s = 10.0 ms; 0.37 x 16 GB / 90 GB/s = 65.8 ms -> 13.2 tok/s.
+    c = roofline.split_decode_ceiling(
+        EIGHT_B_FP16, find_device("rtx-4090"), find_device("cpu-ddr5-5600-2ch"), 0.63
+    )
+    assert roofline.article_round(c.all_on_gpu_tok_s) == 63
+    assert c.tok_s == pytest.approx(1 / (10.08e9 / 1008e9 + 5.92e9 / 90e9))
+    assert roofline.article_round(c.tok_s) == 13
+
+
+def test_all_on_the_gpu_the_split_ceiling_is_the_gpu_s_and_none_on_it_the_cpu_s() -> None:
+    gpu, cpu = find_device("rtx-4090"), find_device("cpu-ddr5-5600-2ch")
+    assert roofline.split_decode_ceiling(EIGHT_B_Q4, gpu, cpu, 1.0).tok_s == pytest.approx(
+        roofline.decode_ceiling(EIGHT_B_Q4, gpu).tok_s)
+    assert roofline.split_decode_ceiling(EIGHT_B_Q4, gpu, cpu, 0.0).tok_s == pytest.approx(
+        roofline.decode_ceiling(EIGHT_B_Q4, cpu).tok_s)
+
+
+def test_the_kv_cache_read_is_split_like_the_weights() -> None:
+    model = config("meta-llama__Llama-3.1-8B")
+    gpu, cpu = find_device("rtx-4090"), find_device("cpu-ddr5-5600-2ch")
+    c = roofline.split_decode_ceiling(model, gpu, cpu, 0.5, context=8000)
+    read = model.read_weight_bytes() + roofline.kv_bytes_per_request(model, 8000)
+    assert c.gpu_bytes == pytest.approx(read / 2)
+    assert c.cpu_bytes == pytest.approx(read / 2)
+
+
+def test_split_prefill_adds_each_device_s_share_of_the_flops_at_its_own_peak() -> None:
+    gpu = find_device("rtx-4090")
+    cpu = replace(find_device("cpu-ddr5-5600-2ch"), bf16_tflops=1.0)
+    p = roofline.split_prefill_ceiling(EIGHT_B_Q4, gpu, cpu, 0.63, prompt_tokens=1000)
+    linear, attention = roofline.prefill_flops(EIGHT_B_Q4, 1000)  # no shape: linear only
+    flops = linear + attention
+    assert flops == pytest.approx(2 * 8e9 * 1000)
+    assert p.gpu_s == pytest.approx(0.63 * flops / 165.2e12)
+    assert p.cpu_s == pytest.approx(0.37 * flops / 1e12)
+    assert p.tok_s == pytest.approx(1000 / (p.gpu_s + p.cpu_s))  # type: ignore[operator]
+    assert p.all_on_gpu_tok_s == pytest.approx(roofline.prefill_ceiling(EIGHT_B_Q4, gpu).tok_s)
+
+
+def test_split_prefill_has_no_figure_for_a_cpu_without_flops() -> None:
+    p = roofline.split_prefill_ceiling(
+        EIGHT_B_Q4, find_device("rtx-4090"), find_device("cpu-ddr5-5600-2ch"), 0.63)
+    assert p.tok_s is None and p.cpu_s is None
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_a_share_outside_0_to_1_is_refused_naming_the_field(share: float) -> None:
+    with pytest.raises(InputError, match="on_gpu must be between 0 and 1"):
+        roofline.split_decode_ceiling(
+            EIGHT_B_Q4, find_device("rtx-4090"), find_device("cpu-ddr5-5600-2ch"), share)
+
+
+# --- parallel slots x context per slot ----------------------------------------------------------
+
+
+def test_four_slots_of_8000_tokens_hold_four_times_one_request_s_kv() -> None:
+    model = config("meta-llama__Llama-3.1-8B")
+    one = roofline.kv_bytes_per_request(model, 8000)
+    assert one == 131_072 * 8000
+    assert roofline.kv_bytes_for_slots(model, 4, 8000) == pytest.approx(4 * one)
+
+
+def test_more_slots_push_the_weights_of_an_8b_fp16_model_off_a_24_gb_gpu() -> None:
+    model = config("meta-llama__Llama-3.1-8B")
+    gpu = find_device("rtx-4090")  # 24 GB
+    one = roofline.slots_fit(model, gpu, 1, 8192, mem_util=1.0, reserve_gb=1.0)
+    assert not one.weights_spill  # 16.1 GB of weights + 1.07 GB of KV in 23 GB
+    many = roofline.slots_fit(model, gpu, 8, 8192, mem_util=1.0, reserve_gb=1.0)
+    # 8 x 8,192 x 131,072 bytes = 8.59 GB of KV; 23 - 8.59 = 14.4 GB left for 16.1 GB of weights.
+    assert many.kv_bytes == pytest.approx(8 * 8192 * 131_072)
+    assert many.weights_spill
+    assert many.on_gpu == pytest.approx((23e9 - 8 * 8192 * 131_072) / model.total_weight_bytes())
+
+
+def test_zero_slots_is_refused_naming_the_field() -> None:
+    with pytest.raises(InputError, match="slots must be at least 1"):
+        roofline.kv_bytes_for_slots(config("meta-llama__Llama-3.1-8B"), 0, 4096)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pdscope.load import Stage, StageRun, summarize_stage
 from pdscope.load.bench import capacity_warning
 from pdscope.selftest.check import run_selftest, saved_capacity
 
@@ -35,7 +36,8 @@ def test_selftest_splits_the_error_into_its_parts() -> None:
 
 
 def test_bench_warns_past_the_selftest_capacity(tmp_path: Path) -> None:
-    summary = {"stage": {"name": "concurrency=64"}, "max_in_flight": 64}
+    run = StageRun(Stage(concurrency=64, num_prompts=64), 0, 0.0, max_in_flight=64)
+    summary = summarize_stage(run)
     assert capacity_warning(summary, 200) is None
     warning = capacity_warning(summary, 50)
     assert warning is not None and "64 requests were in flight" in warning

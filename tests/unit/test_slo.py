@@ -25,6 +25,12 @@ from pdscope.slo import SLO, parse_slo
     ({"ttft_s": "1"}, "ttft_s must be a positive number of seconds"),
     ({"ttft_s": 1.0, "percentile": 0}, "above 0 and at most 100"),
     ({"ttft_s": 1.0, "percentile": 101}, "above 0 and at most 100"),
+    # A bool is an int to Python: True would otherwise be a limit of one second.
+    ({"ttft_s": True}, "ttft_s must be a positive number of seconds"),
+    ({"itl_s": False}, "itl_s must be a positive number of seconds"),
+    ({"ttft_s": 1.0, "percentile": True}, "above 0 and at most 100"),
+    ({"ttft_s": 1.0, "percentile": math.nan}, "above 0 and at most 100"),
+    ({"ttft_s": -math.inf}, "ttft_s must be a positive number of seconds"),
 ])
 def test_a_bad_slo_names_its_field_in_library_words(kwargs: dict, words: str) -> None:
     with pytest.raises(InputError, match=words) as info:
@@ -122,3 +128,17 @@ def test_the_doctor_s_slo_flag_keeps_the_default_for_what_it_leaves_out() -> Non
     assert doctor_slo("itl:50") == SLO(ttft_s=2.0, itl_s=0.05)
     with pytest.raises(InputError, match=r"^--slo: bad objective 'tpot:50': use ttft:MS,itl:MS"):
         doctor_slo("tpot:50")
+
+
+@pytest.mark.parametrize("data, words", [
+    ([1.0], "an SLO is a JSON object of objectives"),
+    ("ttft:500", "an SLO is a JSON object of objectives"),
+    (None, "an SLO is a JSON object of objectives"),
+    ({"ttft_s": True}, "ttft_s must be a positive number of seconds"),
+    ({"ttft_s": -1}, "ttft_s must be a positive number of seconds"),
+    ({"ttft_s": 0.5, "speed_s": 1}, "an SLO has no speed_s"),
+])
+def test_an_slo_read_from_json_checks_itself_in_one_line(data: object, words: str) -> None:
+    with pytest.raises(InputError, match=words) as info:
+        SLO.from_json(data)
+    assert "\n" not in str(info.value)

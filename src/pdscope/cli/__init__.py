@@ -38,7 +38,7 @@ from pdscope.cli import (
     sweep,
     watch,
 )
-from pdscope.cli.common import CliParser, print_error
+from pdscope.cli.common import CliParser, in_flags, print_error
 from pdscope.errors import PdscopeError
 
 COMMANDS = (
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = args.handler(args)
     except PdscopeError as exc:
-        print_error(str(exc))
+        print_error(in_flags(exc))
         return exc.exit_code
     except KeyboardInterrupt:
         print_error("interrupted")

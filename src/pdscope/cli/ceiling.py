@@ -7,21 +7,25 @@ import argparse
 from rich.table import Table
 
 from pdscope import roofline
-from pdscope.ceilings import ceiling_rows, model_json
+from pdscope.ceilings import OffloadRow, ceiling_rows, model_json, offload_rows
 from pdscope.cli.common import (
     command_parser,
     console,
     non_negative_int,
     positive_int,
     print_json,
+    share,
+    warn,
 )
 from pdscope.cli.model_args import (
     add_device_args,
     add_model_args,
     check_context,
+    resolve_cpu_device,
     resolve_devices,
     resolve_model,
 )
+from pdscope.errors import InputError
 from pdscope.report.fmt import human_bytes, human_count, rate, seconds
 
 EXAMPLES = """
@@ -30,6 +34,10 @@ EXAMPLES = """
   pdscope ceiling --params 8e9 --dtype fp16 --device a10g --device h100-sxm --json
   pdscope ceiling --model Llama-3.1-8B/config.json --context 8000 --batch 32 --device l40s
   pdscope ceiling --model model.gguf --device local --what-if
+  pdscope ceiling --params 8e9 --dtype int4 --device rtx-4090 --on-gpu 0.63 \
+      --cpu-device ddr5-5600-2ch
+      63% of the weights in GPU memory, the rest in dual channel DDR5: 53 tok/s, not 252
+      (without --cpu-device, this machine's CPU is measured)
 """
 
 
@@ -64,6 +72,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--what-if", action="store_true",
         help="also show the decode ceiling with the weights at 16, 8 and 4 bits",
     )
+    g = p.add_argument_group("weights spilled to system RAM (offload)")
+    g.add_argument(
+        "--on-gpu", type=share, metavar="SHARE",
+        help="share of the weights in GPU memory, 0 to 1 (Ollama's size_vram / size, or"
+        " llama.cpp's -ngl / its layers): also show the ceiling with the rest read from"
+        " system RAM at the CPU's bandwidth",
+    )
+    g.add_argument(
+        "--cpu-device", metavar="D",
+        help="the CPU whose memory holds the rest: a CPU row of `pdscope devices`"
+        " (ddr5-5600-2ch) or 'local' (default: this machine's CPU, measured, about 1.5 s)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON: a list, one object a device")
     p.set_defaults(handler=run)
 
@@ -80,6 +100,18 @@ def run(args: argparse.Namespace) -> int:
         prompt_tokens=args.prompt_tokens,
         kv_dtype=args.kv_dtype,
     )
+    if args.cpu_device is not None and args.on_gpu is None:
+        raise InputError("--cpu-device goes with --on-gpu SHARE (the share of the weights in"
+                         " GPU memory)")
+    offload = {}
+    if args.on_gpu is not None:
+        cpu = resolve_cpu_device(args.cpu_device)
+        offload = {o.device.id: o for o in offload_rows(
+            model, devices, cpu, args.on_gpu, context=args.context,
+            prompt_tokens=args.prompt_tokens, kv_dtype=args.kv_dtype)}
+        if not offload:
+            raise InputError("--on-gpu needs a GPU among the devices: a CPU or an Apple chip"
+                             " holds every weight in its one memory")
     whatifs = {
         r.device.id: roofline.quantization_whatif(model, r.device, context=args.context)
         for r in rows
@@ -95,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
                      "decode_ceiling_tok_s": w.decode_ceiling_tok_s, "speedup": w.speedup}
                     for w in whatifs[r.device.id]
                 ]
+            if r.device.id in offload:
+                row["offload"] = offload[r.device.id].to_json()
             out.append(row)
         print_json(out)
         return 0
@@ -151,6 +185,45 @@ def run(args: argparse.Namespace) -> int:
         "FLOPs a prompt token; the TTFT floor has no queueing or overhead in it. "
         "'—': the device table has no FLOPS figure."
     )
+    if offload:
+        _print_offload(list(offload.values()), len(rows))
     for note in model.assumptions:
         console.print(f"[dim]assumed: {note}[/dim]")
     return 0
+
+
+def _print_offload(rows: list[OffloadRow], devices: int) -> None:
+    first = rows[0]
+    cpu, on_gpu = first.cpu, first.decode.on_gpu
+    measured = " (measured now)" if cpu.measured else ""
+    table = Table(
+        title=f"With {on_gpu:.0%} of the weights in GPU memory and {1 - on_gpu:.0%} in system"
+        f" RAM ({cpu.name}{measured}, {cpu.mem_bandwidth_gb_s:,.0f} GB/s)",
+        title_justify="left",
+    )
+    table.add_column("device", no_wrap=True)
+    table.add_column("decode tok/s, all on the GPU", justify="right")
+    table.add_column("split", justify="right")
+    table.add_column("slower", justify="right")
+    table.add_column("prefill tok/s, all on the GPU", justify="right")
+    table.add_column("split", justify="right")
+    for r in rows:
+        d, p = r.decode, r.prefill
+        table.add_row(
+            r.device.name,
+            f"{roofline.article_round(d.all_on_gpu_tok_s):,}",
+            f"{d.tok_s:,.1f}",
+            f"{d.slowdown:,.1f}x",
+            rate(p.all_on_gpu_tok_s, ""),
+            rate(p.tok_s, ""),
+        )
+    console.print(table)
+    console.print(
+        "Split decode = 1 / (bytes on the GPU / its bandwidth + bytes in RAM / the CPU's): each "
+        "token reads both shares, and the one in RAM sets the pace. Put every layer on the GPU "
+        "(Ollama num_gpu, llama.cpp -ngl 999), a smaller quantization, or a smaller context or "
+        "fewer parallel slots so the weights fit. Prefill '—': the CPU has no FLOPS figure "
+        "(--cpu-device local measures one)."
+    )
+    if len(rows) < devices:
+        warn("devices that are not GPUs have no split ceiling (one memory holds every weight)")

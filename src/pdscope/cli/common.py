@@ -18,7 +18,7 @@ from typing import Any, NoReturn, TypeVar
 
 from rich.console import Console
 
-from pdscope.errors import InputError
+from pdscope.errors import InputError, Note, PdscopeError, worded
 from pdscope.load.results import rescue_dir
 from pdscope.slo import METRICS, SLO, parse_slo
 
@@ -68,13 +68,14 @@ def warn(message: str) -> None:
     print(f"pdscope: warning: {message}", file=sys.stderr)
 
 
-def print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, default=_json_default, allow_nan=False))
+def print_json(data: Any, flags: dict[str, str] | None = None) -> None:
+    """``data`` as JSON, each field a note names called by its flag (:func:`flagged`)."""
+    print(json.dumps(flagged(data, flags), indent=2, default=_json_default, allow_nan=False))
 
 
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "to_json"):
-        return obj.to_json()
+        return flagged(obj.to_json())
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     raise TypeError(f"cannot write {type(obj).__name__} as JSON")
@@ -103,7 +104,7 @@ MAX_SECONDS = 1_000_000_000.0
 MAX_PARAMETERS = 1e15
 
 
-def _finite(text: str) -> float:
+def finite(text: str) -> float:
     """A float that is a number: ``inf``, ``nan`` and what overflows (``1e999``) are not."""
     try:
         value = float(text)
@@ -148,7 +149,7 @@ def float_in(low: float, high: float = MAX_SECONDS, *, above: bool = False,
     """argparse type: a finite number from ``low`` (or ``above`` it) to ``high``."""
 
     def parse(text: str) -> float:
-        value = _finite(text)
+        value = finite(text)
         if (value <= low if above else value < low) or value > high:
             span = (f"above {_g(low)} and at most {_g(high)}" if above
                     else f"from {_g(low)} to {_g(high)}")
@@ -202,7 +203,7 @@ def non_negative_float(text: str) -> float:
 
 def fraction(text: str) -> float:
     """A share above 0, at most 1 (``--mem-util``)."""
-    value = _finite(text)
+    value = finite(text)
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
     return value
@@ -210,7 +211,7 @@ def fraction(text: str) -> float:
 
 def share(text: str) -> float:
     """A share from 0 to 1, both included (``--max-failed``, ``--fault-rate``)."""
-    value = _finite(text)
+    value = finite(text)
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {text}")
     return value
@@ -326,20 +327,49 @@ def write_result(path: str | Path, text: str, what: str = "the result") -> Path:
 
 C = TypeVar("C")
 
+# The flags whose names are not their field's with ``--`` and dashes (``prompt_tokens`` is
+# ``--prompt-tokens``): the one place where the CLI names a library field its own way.
+FLAGS: dict[str, str] = {
+    "drain_s": "--drain",
+    "duration_s": "--duration",
+    "ramp_s": "--ramp",
+    "ray_address": "--ray",
+    "link_gb_s": "--kv-link-gb-s",
+    "fraction": "--shared-prefix",
+    "headers": "--header",  # the request fields (client/fields.py)
+    "options": "--option",
+}
+
+
+def flag_of(field: str, flags: dict[str, str] | None = None) -> str:
+    """The flag a person types for the library field ``field``: ``flags[field]`` (a command's
+    own name for it), :data:`FLAGS`, or the field's name with ``--`` and dashes."""
+    return (flags or {}).get(field) or FLAGS.get(field) or "--" + field.replace("_", "-")
+
+
+def in_flags(said: PdscopeError | str, flags: dict[str, str] | None = None) -> str:
+    """An error's message, or a note (:class:`~pdscope.errors.Note`), with every field it
+    names called by its flag; any other text as it is."""
+    if isinstance(said, (PdscopeError, Note)):
+        return said.naming(lambda field: flag_of(field, flags))
+    return said
+
+
+def flagged(data: Any, flags: dict[str, str] | None = None) -> Any:
+    """JSON-like data (a result's ``to_json()``) with every note in it in flags, as
+    :func:`in_flags`: what the CLI prints or writes says what a person types."""
+    return worded(data, lambda field: flag_of(field, flags))
+
 
 def make_config(factory: Callable[..., C], flags: dict[str, str] | None = None,
                 **fields: Any) -> C:
     """Build a library config from flag values. A config checks itself in library words
-    (``runs must be at least 1``); here its field names become the flags a person typed
-    (``--runs``), or ``flags[field]`` where the flag is named otherwise."""
+    (``runs must be at least 1``); the fields its error names become the flags a person typed
+    (``--runs``; ``flags[field]`` where this command names the flag otherwise)."""
     try:
         return factory(**fields)
     except InputError as exc:
-        message = str(exc)
-        names = {name: "--" + name.replace("_", "-") for name in fields} | (flags or {})
-        for name in sorted(names, key=len, reverse=True):
-            message = re.sub(rf"(?<![\w-]){re.escape(name)}\b", names[name], message)
-        raise InputError(message) from None
+        raise InputError(in_flags(exc, flags)) from None
 
 
 def slo_arg(flag: str, text: str, metrics: Sequence[str] = METRICS) -> SLO:

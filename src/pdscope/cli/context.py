@@ -80,10 +80,10 @@ def show(r: ContextResult) -> None:
     step = max(1, len(bins) // 12)  # about a dozen rows; the JSON has every bin
     shown = [*bins[::step], *([bins[-1]] if bins and (len(bins) - 1) % step else [])]
     for b in shown:
-        c = r.ceiling_at(b.context)
+        held = r.held_at(b)
         table.add_row(f"{b.context:,.0f}", seconds(b.itl_median_s), rate(b.decode_tok_s),
-                      rate(c.tok_s) if c else "—",
-                      f"{b.decode_tok_s / c.tok_s:.0%}" if c else "—")
+                      held.mark + rate(held.ceiling) if held else "—",
+                      f"{held.share:.0%}" if held else "—")
     console.print(table)
     fit = data["fit"]
     roof = data["roofline"]

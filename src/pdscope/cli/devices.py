@@ -53,10 +53,11 @@ def run(args: argparse.Namespace) -> int:
     if args.probe:
         gpus = measure.nvidia_smi_gpus()
         bw = measure.probe_cpu_bandwidth()
-        fp32 = measure.probe_cpu_matmul_tflops()
-        bf16 = measure.probe_cpu_matmul_bf16_tflops()
-        flops, how = measure.best_cpu_matmul_tflops_of(fp32, bf16)
-        cpu = measure.local_cpu_spec(bw, flops, how)
+        matmuls = measure.probe_cpu_matmuls()
+        best = measure.best_matmul(matmuls)
+        cpu = measure.local_cpu_spec(bw, best.tflops, best.how)
+        fp32 = max(p.tflops for p in matmuls if p.dtype == "fp32")
+        bf16 = max((p.tflops for p in matmuls if p.dtype == "bf16"), default=None)
         local = {
             "cpu": _row(cpu),
             "copy_gb_s": bw.copy_gb_s,
@@ -66,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
             "spread": bw.spread,
             "matmul_tflops_fp32": fp32,
             "matmul_tflops_bf16": bf16,
+            "matmul_best": best.how,
+            "matmuls": [{"library": p.library, "dtype": p.dtype, "shape": list(p.shape),
+                         "threads": p.threads, "runs": p.runs, "tflops": p.tflops}
+                        for p in matmuls],
             "nvidia_gpus": [
                 {"name": n, "matched": (m.id if (m := measure.match_gpu_name(n)) else None)}
                 for n in gpus
@@ -100,9 +105,11 @@ def run(args: argparse.Namespace) -> int:
             f"  memory bandwidth {local['bandwidth_gb_s']:.1f} GB/s measured"
             f" (copy {local['copy_gb_s']:.1f}, triad {local['triad_gb_s']:.1f};"
             f" best of {local['runs']} runs, spread {local['spread']:.0%})\n"
-            f"  matmul {local['matmul_tflops_fp32'] * 1e3:.0f} GFLOP/s (fp32, numpy)"
+            f"  matmul {local['matmul_tflops_fp32'] * 1e3:.0f} GFLOP/s (fp32, best of numpy"
+            " and torch)"
             + (f", {local['matmul_tflops_bf16'] * 1e3:.0f} GFLOP/s (bf16, torch)"
                if local["matmul_tflops_bf16"] else " (bf16 not measured: torch is not installed)")
+            + f"\n  prefill ceilings use the fastest: {local['matmul_best']}"
         )
         if local["spread"] > 0.2:
             console.print("  [yellow]the runs disagree by more than 20%: the machine is busy[/]")

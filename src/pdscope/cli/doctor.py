@@ -13,6 +13,8 @@ from pdscope.cli.common import (
     command_parser,
     console,
     err_console,
+    flag_of,
+    in_flags,
     make_config,
     out_folder,
     print_json,
@@ -40,6 +42,8 @@ EXAMPLES = """
   pdscope doctor http://gpu-box:8000 --device h100-sxm --model-config Llama-3.1-8B/config.json
   pdscope doctor URL --slo ttft:500,itl:50            how many users within these objectives
   pdscope doctor URL --baseline runs/a                every figure and finding beside a's
+  pdscope doctor URL --thorough --slo ttft:1000,itl:100
+      and the users at the SLO measured, by a search from the planner's prediction
 """
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "blue"}
@@ -61,6 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_server_args(p)
     p.add_argument("--quick", action="store_true",
                    help="fewer runs, no context sweep: under a minute on the lab")
+    p.add_argument("--thorough", action="store_true",
+                   help="also measure the capacity: a search for the most users meeting --slo"
+                   " from the planner's prediction (several minutes more)")
     p.add_argument("--slo", default="ttft:2000,itl:200", metavar="ttft:MS,itl:MS",
                    help="objectives for the capacity sweep (default ttft:2000,itl:200)")
     p.add_argument("--out", metavar="DIR", help="output folder (default runs/doctor-DATE-TIME);"
@@ -82,8 +89,8 @@ def doctor_slo(text: str) -> SLO:
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_run_dir("doctor")
     config = make_config(
-        DoctorConfig, quick=args.quick, **client_kwargs(args), device=args.device,
-        model_config=args.model_config, slo=doctor_slo(args.slo), out=out,
+        DoctorConfig, quick=args.quick, thorough=args.thorough, **client_kwargs(args),
+        device=args.device, model_config=args.model_config, slo=doctor_slo(args.slo), out=out,
         compare_with=tuple(Path(p) for p in args.compare_with),
     )
     # Everything that would otherwise fail only at the end is read before the first request.
@@ -121,15 +128,15 @@ def _write(result: DoctorRun, out: Path) -> dict[str, Path]:
     """The run folder; in the rescue folder, with a warning, when ``out`` cannot be written
     any more (the disk filled, the folder went away): a diagnosis is never dropped."""
     try:
-        return write_run(result, out)
+        return write_run(result, out, naming=flag_of)
     except OSError as exc:
         reason = exc.strerror or str(exc)
     rescue = rescue_dir() / f"{out.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        paths = write_run(result, rescue)
+        paths = write_run(result, rescue, naming=flag_of)
     except OSError:
         rescue = Path.cwd() / f"{out.name}-rescued"
-        paths = write_run(result, rescue)
+        paths = write_run(result, rescue, naming=flag_of)
     warn(f"could not write the report to {out} ({reason}); wrote it to {rescue} instead")
     return paths
 
@@ -147,20 +154,22 @@ def show(run: DoctorRun, paths: dict[str, Path], took: float) -> None:
         cells = []
         for c in cards:
             frac = c.fraction
-            line = (f"{c.rate:,.1f} of {c.ceiling:,.0f} {c.unit} allowed: {frac:.0%}"
+            line = (f"{c.rate:,.1f} of {c.ceiling_text} {c.unit} allowed: {frac:.0%}"
                     if frac is not None and c.rate is not None and c.ceiling else
                     "ceiling unknown")
             cells.append("\n".join([f"[bold]{c.headline}[/bold]", line, *c.lines]))
         table.add_row(*cells)
         console.print(table)
+    for warning in ev.phases.ceiling_warnings if ev.phases else ():
+        console.print(f"[yellow]warning: {warning}[/yellow]")
     fired = [f for f in run.findings if f.fired]
     console.print(f"\n[bold]What to change[/bold] ({len(fired)} findings, most important first)")
     for i, f in enumerate(fired, 1):
         style = SEVERITY_STYLE.get(f.severity, "")
         console.print(f"{i}. [{style}]{f.title}[/] [dim]({f.id}, {f.severity})[/dim]")
-        console.print(f"   {f.reason}")
+        console.print(f"   {in_flags(f.reason)}")
         for a in f.advice:
-            console.print(f"   → {a}")
+            console.print(f"   → {in_flags(a)}")
     clear = [f.id for f in run.findings if f.status == "clear"]
     missing = [f.id for f in run.findings if f.status == "insufficient"]
     if clear:
@@ -168,6 +177,6 @@ def show(run: DoctorRun, paths: dict[str, Path], took: float) -> None:
     if missing:
         console.print(f"[dim]not enough evidence: {', '.join(missing)}[/dim]")
     for name, why in run.skipped.items():
-        console.print(f"[dim]skipped {name}: {why}[/dim]")
+        console.print(f"[dim]skipped {name}: {in_flags(why)}[/dim]")
     console.print(f"\nreport: {paths['report']}  (evidence.json, findings.json beside it;"
                   f" {took:.0f} s)")

@@ -18,21 +18,15 @@ from pdscope.cli.common import (
     check_out_file,
     console,
     err_console,
+    flagged,
+    in_flags,
     print_json,
     write_result,
 )
 from pdscope.cli.server_args import add_server_args, check_ceiling_args
-from pdscope.client import ServerInfo, Target
+from pdscope.client import ClientOptions, Connection, ServerInfo, Target, connect
 from pdscope.errors import InputError
-from pdscope.experiments.common import (
-    CeilingInputs,
-    ClientOptions,
-    Connection,
-    ProgressFn,
-    connect,
-    find_ceiling_inputs,
-    parse_counts,
-)
+from pdscope.experiments.common import CeilingInputs, ProgressFn, find_ceiling_inputs, parse_counts
 
 
 def counts(text: str) -> tuple[int, ...]:
@@ -90,6 +84,9 @@ class _Result(Protocol):
     @property
     def ceiling(self) -> CeilingInputs: ...
 
+    @property
+    def ceiling_warnings(self) -> tuple[str, ...]: ...
+
     def to_json(self, *, raw: bool = False) -> dict[str, Any]: ...
 
 
@@ -129,7 +126,7 @@ def emit(args: argparse.Namespace, result: _Result) -> bool:
     """Write ``--out`` (to the rescue folder when that fails, with a warning), print
     ``--json``; True when the JSON was printed."""
     if args.out:
-        write_result(args.out, json.dumps(result.to_json(raw=args.raw), indent=2))
+        write_result(args.out, json.dumps(flagged(result.to_json(raw=args.raw)), indent=2))
     if args.json:
         print_json(result.to_json(raw=args.raw))
         return True
@@ -149,8 +146,10 @@ def footer(result: _Result, notes: tuple[str, ...]) -> None:
         assert ci.device is not None
         console.print(f"[dim]ceiling: {ci.device.name}, {ci.device.mem_bandwidth_gb_s:,.1f}"
                       f" GB/s; model from {ci.model_source}[/dim]")
+    for warning in result.ceiling_warnings:
+        console.print(f"[yellow]warning: {warning}[/yellow]")
     for note in (*notes, *ci.notes):
-        console.print(f"[dim]note: {note}[/dim]")
+        console.print(f"[dim]note: {in_flags(note)}[/dim]")
 
 
 def check_mark(ok: bool | None) -> str:

@@ -100,10 +100,14 @@ def show(r: InterferenceResult) -> None:
         console.print(f"[dim]a stall: longer than the p99 before and {STALL_FACTOR:g} x its"
                       " median[/dim]")
     if data["inject_ttft_floor_s"] is not None:
+        held = " (held at the measurement: the specs' floor was above it)"
+        step = data["batched_step_floor_s"]
         console.print("roofline: the prefill needs at least"
-                      f" {seconds(data['inject_ttft_floor_s'])};"
-                      f" a step of {cfg.streams} streams at least"
-                      f" {seconds(data['batched_step_floor_s'])}")
+                      f" {seconds(data['inject_ttft_floor_s'])}"
+                      + (held if data["inject_ttft_floor_beaten"] else "")
+                      + (f"; a step of {cfg.streams} streams at least {seconds(step)}"
+                         + (held if data["batched_step_floor_beaten"] else "")
+                         if step is not None else ""))
     if data["stall_share_of_inject_ttft"] is not None:
         if data["stalled"] and data["stall_share_of_inject_ttft"] > 0.5:
             console.print("The prefill ran in one long step that the streams had to wait for:"

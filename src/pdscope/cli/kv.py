@@ -14,6 +14,7 @@ from pdscope.cli.common import (
     float_in,
     fraction,
     non_negative_int,
+    positive_int,
     print_json,
 )
 from pdscope.cli.model_args import (
@@ -31,6 +32,9 @@ EXAMPLES = """
       the article's 8B example: 131,072 bytes a token, about 1 GB at 8,000 tokens
   pdscope kv --model Llama-3.1-8B/config.json --context 8000 --device a100-80gb-sxm
   pdscope kv --model model.gguf --context 32000 --kv-dtype fp8 --device h100-sxm --mem-util 0.9
+  pdscope kv --model Llama-3.1-8B/config.json --context 8192 --slots 8 --device rtx-4090
+      8 parallel slots of 8,192 tokens (OLLAMA_NUM_PARALLEL=8, or llama-server -np 8 -c 65536):
+      8.6 GB of KV, and 16 GB of weights no longer fit in 24 GB
 """
 
 
@@ -52,6 +56,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="tokens in one request (prompt + output so far), default 4096",
     )
     p.add_argument("--kv-dtype", default="fp16", help="KV cache precision: fp16, bf16, fp8")
+    p.add_argument(
+        "--slots", "--parallel", type=positive_int, metavar="N",
+        help="parallel slots, each holding --context tokens of KV from the start (Ollama"
+        " OLLAMA_NUM_PARALLEL x num_ctx; llama-server -np, which splits -c between them):"
+        " their KV, and whether the weights still fit on the device beside it",
+    )
     p.add_argument(
         "--mem-util", type=fraction, default=roofline.DEFAULT_MEM_UTIL, metavar="F",
         help=f"share of device memory the server takes (vLLM --gpu-memory-utilization),"
@@ -77,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         kv_dtype=args.kv_dtype,
         mem_util=args.mem_util,
         reserve_gb=args.reserve_gb,
+        slots=args.slots,
     )
     if args.json:
         print_json(report.to_json())
@@ -104,6 +115,24 @@ def run(args: argparse.Namespace) -> int:
         f"KV a request: {human_bytes(report.kv_bytes_per_request)} at {args.context:,} tokens"
         " (read again at every decode step)"
     )
+    if report.slots:
+        console.print(
+            f"KV of {report.slots} slots: {human_bytes(report.slots_kv_bytes or 0.0)}"
+            f" = {report.slots} x {args.context:,} tokens, allocated at start whether or not"
+            " the slots are busy"
+        )
+        for fit in report.fits:
+            if fit.weights_spill:
+                console.print(
+                    f"  on {fit.device}: beside that KV only {fit.on_gpu:.0%} of the"
+                    f" {human_bytes(fit.weight_bytes)} of weights fit; Ollama and llama.cpp"
+                    f" put the other {1 - fit.on_gpu:.0%} in system RAM, and decode slows to"
+                    f" `pdscope ceiling --on-gpu {fit.on_gpu:.2f}`. Fewer slots or a shorter"
+                    " context keep them on the GPU"
+                )
+            else:
+                console.print(f"  on {fit.device}: the weights"
+                              f" ({human_bytes(fit.weight_bytes)}) and that KV fit")
     if report.pools:
         table = Table(title_justify="left")
         table.add_column("device", no_wrap=True)

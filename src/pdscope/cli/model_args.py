@@ -119,6 +119,21 @@ def resolve_devices(args: argparse.Namespace, *, default: str = "article") -> li
     return out
 
 
+def resolve_cpu_device(name: str | None) -> DeviceSpec:
+    """The CPU whose memory holds the weights a server spilled off the GPU: a CPU row of the
+    device table (``ddr5-5600-2ch``), else this machine's CPU measured now (``local``, the
+    default: the self-hoster runs pdscope on the machine that serves)."""
+    if name is None or name.strip().lower() == LOCAL:
+        from pdscope.hardware import measure_local_cpu
+
+        return measure_local_cpu()
+    dev = find_device(name)
+    if dev.kind != "cpu":
+        raise InputError(f"--cpu-device must name a CPU (or 'local'), and {dev.id} is a"
+                         f" {dev.kind}: `pdscope devices` lists the CPU rows")
+    return dev
+
+
 def check_context(model: ModelGeometry, context: int) -> None:
     """Warn (not fail) when the context is beyond what the model was trained for."""
     if model.max_context and context > model.max_context:

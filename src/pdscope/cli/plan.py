@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import Sequence
-from dataclasses import fields, replace
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, fields, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from rich.table import Table
@@ -18,7 +19,10 @@ from rich.table import Table
 from pdscope.cli.common import (
     command_parser,
     console,
+    flag_of,
+    flagged,
     float_in,
+    in_flags,
     int_in,
     make_config,
     non_negative_float,
@@ -33,6 +37,7 @@ from pdscope.cli.experiment import progress_bar
 from pdscope.cli.server_args import add_server_args, check_ceiling_args, client_kwargs
 from pdscope.errors import InputError
 from pdscope.hardware import find_device
+from pdscope.load.conversations import is_conversation_run, read_conversation_run
 from pdscope.load.results import read_run
 from pdscope.model import load_model
 from pdscope.plan.calibrate import (
@@ -42,6 +47,7 @@ from pdscope.plan.calibrate import (
     run_calibration,
 )
 from pdscope.plan.capacity import CapacityPoint, max_rate, max_users
+from pdscope.plan.conversations import Conversations, per_turn, replayed
 from pdscope.plan.demand import (
     DrawnLengths,
     LengthMix,
@@ -49,6 +55,7 @@ from pdscope.plan.demand import (
     SampledLengths,
     SharedPrefix,
     closed_loop,
+    from_trace,
     open_loop,
     replay,
 )
@@ -61,6 +68,11 @@ from pdscope.plan.whatif import DEVICES, on_device, standard_changes, what_if
 from pdscope.report.fmt import seconds
 from pdscope.slo import SLO
 from pdscope.workload.datasets import load_dataset, parse_lengths
+from pdscope.workload.schedule import parse_rates
+from pdscope.workload.traces import FORMATS as TRACE_FORMATS
+from pdscope.workload.traces import read_trace
+
+T = TypeVar("T")
 
 EXAMPLES = """
   pdscope plan calibrate http://127.0.0.1:28100 --out cal       fit the lab's vLLM (2-3 min)
@@ -70,10 +82,17 @@ EXAMPLES = """
   pdscope plan predict cal --rate 1 --lengths sharegpt --replicas 2 --device h100-sxm
   pdscope plan predict cal --rate 4 --disaggregate 1:3 --kv-link-gb-s 25   prefill apart
   pdscope plan predict cal --replay runs/bench-20261201-101500   prediction beside the run
+  pdscope plan predict cal --trace mooncake_trace.jsonl --time-scale 2 --max-duration 600
+  pdscope plan predict cal --conversations 8 --turns 5 --think-s 2 --user-len 300 --output-len 64
+      multi-turn chats as bench --conversations sends them: TTFT, prompt and cached share by turn
   pdscope plan capacity cal --slo ttft:1000,itl:100 --input-len 512 --output-len 128
   pdscope plan capacity cal --slo ttft:1000,itl:100 --disaggregate 1:1
   pdscope plan whatif cal --slo ttft:1000,itl:100 --input-len 512 --output-len 128
 """
+
+DEFAULT_INPUT_LEN = "512"
+# The conversation flags, by Conversations' fields (the bench's flags of the same names).
+CONVERSATION_FLAGS = ("turns", "think_s", "user_len", "request_rate", "template_tokens")
 
 # The --set keys: the scheduler's settings, as their fields are named (dashes allowed).
 SET_KEYS = tuple(f.name for f in fields(SchedulerConfig) if f.name != "policy")
@@ -127,7 +146,31 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="concurrent users (closed loop)")
     load.add_argument("--replay", metavar="DIR",
                       help="the requests of a bench run folder, at the times they were sent;"
-                      " the run's measured figures are set beside the prediction")
+                      " the run's measured figures are set beside the prediction (a bench"
+                      " --conversations folder: its conversations, by turn)")
+    load.add_argument("--trace", metavar="FILE",
+                      help="a trace's requests at its times, with its lengths and shared prefixes"
+                      " (Mooncake JSONL, BurstGPT CSV or pdscope JSONL, as bench --trace)")
+    load.add_argument("--conversations", type=int, metavar="N",
+                      help="N multi-turn conversations, as bench --conversations sends them:"
+                      " each turn the whole history and a new message; figures by turn")
+    cv = r.add_argument_group("conversations (as bench --conversations; docs/conversations.md)")
+    cv.add_argument("--turns", type=int, metavar="K", help="turns a conversation (default 3)")
+    cv.add_argument("--think-s", type=float, metavar="S",
+                    help="seconds between a turn's answer and the next turn's send (default 0)")
+    cv.add_argument("--user-len", type=int, metavar="L",
+                    help="tokens of each new user message (default 64); --output-len (a fixed"
+                    " number) is each answer's")
+    cv.add_argument("--request-rate", metavar="R",
+                    help="conversations starting a second (Poisson; default inf: all at once)")
+    cv.add_argument("--template-tokens", type=int, metavar="T",
+                    help="tokens the chat template adds around each message (default 0)")
+    r.add_argument("--trace-format", default="auto", choices=("auto", *TRACE_FORMATS),
+                   help="the trace's format (default auto)")
+    r.add_argument("--time-scale", type=float_in(0, 1e6, above=True), default=1.0, metavar="X",
+                   help="with --trace: multiply its times (0.5: twice as fast; default 1)")
+    r.add_argument("--max-duration", type=float_in(0, 1e9, above=True), metavar="S",
+                   help="with --trace: the requests due in its first S seconds")
     r.add_argument("--num-requests", type=int_in(1, 10_000_000), default=2000, metavar="K",
                    help="requests to simulate (default 2000)")
     r.add_argument("--burstiness", type=float_in(0, 1000, above=True), default=1.0,
@@ -168,8 +211,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _examples(action: str) -> str:
-    return "\n".join(line for line in EXAMPLES.strip("\n").splitlines()
-                     if f"plan {action}" in line)
+    """The examples of one action, each with the indented lines that explain it."""
+    out: list[str] = []
+    keep = False
+    for line in EXAMPLES.strip("\n").splitlines():
+        if line.startswith("  pdscope "):
+            keep = f"plan {action}" in line
+        if keep:
+            out.append(line)
+    return "\n".join(out)
 
 
 def _add_calibration_args(p: argparse.ArgumentParser, *, device: bool = True,
@@ -177,7 +227,7 @@ def _add_calibration_args(p: argparse.ArgumentParser, *, device: bool = True,
     p.add_argument("calibration", metavar="CAL",
                    help="a calibration folder or its calibration.json")
     g = p.add_argument_group("workload")
-    g.add_argument("--input-len", default="512", metavar="N",
+    g.add_argument("--input-len", metavar="N",
                    help="prompt tokens: N, uniform:MIN:MAX or normal:MEAN:SD (default 512)")
     g.add_argument("--output-len", default="128", metavar="N",
                    help="output tokens, as --input-len (default 128)")
@@ -318,22 +368,20 @@ def make_split(counts: tuple[int, int], args: argparse.Namespace, cal: Calibrati
         raise InputError("--disaggregate: the calibration does not say the KV cache's bytes a"
                          " token (it has no model geometry): give --kv-bytes-per-token")
     link = DEFAULT_LINK_GB_S if args.kv_link_gb_s is None else args.kv_link_gb_s
-    return make_config(Disaggregation, {"link_gb_s": "--kv-link-gb-s",
-                                        "kv_bytes_per_token": "--kv-bytes-per-token"},
-                       prefill_instances=counts[0], decode_instances=counts[1], link_gb_s=link,
-                       kv_bytes_per_token=kv)
+    return make_config(Disaggregation, prefill_instances=counts[0], decode_instances=counts[1],
+                       link_gb_s=link, kv_bytes_per_token=kv)
 
 
 def kv_bytes_from(args: argparse.Namespace, cal: Calibration) -> float | None:
     if args.kv_bytes_per_token is not None:
         return float(args.kv_bytes_per_token)
-    value = cal.server.get("kv_bytes_per_token")
+    value = cal.server.hardware.kv_bytes_per_token
     return float(value) if value else None
 
 
 def scaled_to(cal: Calibration, device: str) -> StepModel:
     try:
-        return on_device(cal.step_model, cal.server, device)
+        return on_device(cal.step_model, cal.server.hardware, device)
     except InputError as exc:
         raise InputError(f"--device {device}: {exc}") from None
 
@@ -353,14 +401,14 @@ def lengths_from(args: argparse.Namespace) -> LengthMix:
         return SampledLengths.from_items(load_dataset(path), f"the dataset {path}")
     if args.from_run:
         return SampledLengths.from_run(args.from_run)
-    return DrawnLengths(parse_lengths(args.input_len), parse_lengths(args.output_len))
+    return DrawnLengths(parse_lengths(args.input_len or DEFAULT_INPUT_LEN),
+                        parse_lengths(args.output_len))
 
 
 def shared_prefix_from(args: argparse.Namespace) -> SharedPrefix | None:
     if not args.shared_prefix:
         return None
-    return make_config(SharedPrefix, {"fraction": "--shared-prefix"},
-                       fraction=args.shared_prefix, groups=args.prefix_groups,
+    return make_config(SharedPrefix, fraction=args.shared_prefix, groups=args.prefix_groups,
                        prefix_tokens=args.prefix_tokens)
 
 
@@ -384,12 +432,17 @@ def run_calibrate(args: argparse.Namespace) -> int:
         return _write_calibration(cal, folder, as_json=args.json)
 
 
+# A calibration from runs takes the model's geometry as ``model`` (calibrate_from_runs), which
+# this command reads from --model-config (its --model is the server's model name).
+CALIBRATION_FLAGS = {"model": "--model-config"}
+
+
 def _write_calibration(cal: Calibration, folder: Path, *, as_json: bool) -> int:
     """calibration.json in ``folder`` (the rescue folder if that fails), then the summary."""
-    text = json.dumps(cal.to_json(), indent=2, allow_nan=False)
+    text = json.dumps(flagged(cal.to_json(), CALIBRATION_FLAGS), indent=2, allow_nan=False)
     path = write_result(folder / "calibration.json", text, "the calibration")
     if as_json:
-        print_json(cal.to_json())
+        print_json(cal.to_json(), CALIBRATION_FLAGS)
     else:
         show_calibration(cal, path)
     return 0
@@ -416,10 +469,10 @@ def run_calibrate_from(args: argparse.Namespace) -> int:
 
 def show_calibration(cal: Calibration, path: Path) -> None:
     server = cal.server
-    where = (f"fitted from {len(server['runs'])} run folder(s)" if server.get("runs")
+    where = (f"fitted from {len(server.runs)} run folder(s)" if server.runs
              else f"calibrated in {cal.duration_s or 0:.0f} s")
-    console.print(f"[bold]{server.get('family')} {server.get('version') or ''}[/] at"
-                  f" {server.get('url')}, model [bold]{server.get('model')}[/], {where}")
+    console.print(f"[bold]{server.family} {server.version or ''}[/] at"
+                  f" {server.url}, model [bold]{server.model}[/], {where}")
     table = Table(title="Time of one engine step", title_justify="left")
     table.add_column("term")
     table.add_column("coefficient", justify="right")
@@ -445,9 +498,9 @@ def show_calibration(cal: Calibration, path: Path) -> None:
                   f" {'unlimited' if s.kv_pool_tokens is None else f'{s.kv_pool_tokens:,}'}"
                   f" tokens, prefix caching {'on' if s.prefix_caching else 'off'}")
     for a in cal.assumptions:
-        console.print(f"[yellow]assumed:[/] {a}")
+        console.print(f"[yellow]assumed:[/] {in_flags(a, CALIBRATION_FLAGS)}")
     for n in cal.notes:
-        console.print(f"[dim]note: {n}[/dim]")
+        console.print(f"[dim]note: {in_flags(n, CALIBRATION_FLAGS)}[/dim]")
     console.print(f"calibration: {path}")
 
 
@@ -469,10 +522,27 @@ def run_predict(args: argparse.Namespace) -> int:
     cal = load_calibration(args.calibration)
     model, scheduler = server_under_test(args, cal)
     split = split_from(args, cal)
+    chats = conversations_from(args)
     lengths = lengths_from(args)
     prefix = shared_prefix_from(args)
-    if args.replay:
+    if args.trace is None and (args.time_scale != 1.0 or args.max_duration is not None
+                               or args.trace_format != "auto"):
+        raise InputError("--time-scale, --max-duration and --trace-format need --trace FILE")
+    chat_run = None
+    if args.replay and is_conversation_run(args.replay):
+        chat_run = read_conversation_run(args.replay)
+        demand = replayed(chat_run)
+    elif args.replay:
         demand = replay(args.replay)
+    elif args.trace:
+        trace = read_trace(args.trace, args.trace_format)
+        try:
+            demand = from_trace(trace.replayed(args.time_scale, args.max_duration))
+        except InputError as exc:
+            raise InputError(exc.naming(lambda f: {"max_duration_s": "--max-duration"}.get(
+                f, "--" + f.replace("_", "-")))) from None
+    elif chats is not None:
+        demand = chats.demand()
     elif args.rate is not None:
         demand = open_loop(args.num_requests, args.rate, lengths, burstiness=args.burstiness,
                            seed=args.seed, shared_prefix=prefix)
@@ -485,20 +555,91 @@ def run_predict(args: argparse.Namespace) -> int:
             "scheduler": scheduler.to_json(), "extrapolation": model.extrapolation,
             "disaggregation": None if split is None else split.to_json(),
             "calibration": str(args.calibration)}
-    if args.replay:
+    if chat_run is not None:
+        data["measured_per_turn"] = [asdict(t) for t in chat_run.per_turn]
+    elif args.replay:
         data["measured"] = measured_figures(args.replay)
+    if chats is not None:
+        data["conversations"] = asdict(chats)
+    turns = per_turn(result)
+    if turns:
+        data["per_turn"] = [asdict(t) for t in turns]
     if args.json:
         print_json(data)
         return 0
     show_prediction(data)
+    if turns:
+        show_turns(data["per_turn"], data.get("measured_per_turn"))
     return 0
 
 
-# bench's summary keys (milliseconds) for the figures a prediction gives (seconds).
-MEASURED_KEYS = {"ttft_p50_s": "median_ttft_ms", "ttft_p99_s": "p99_ttft_ms",
-                 "itl_p50_s": "median_itl_ms", "itl_p99_s": "p99_itl_ms",
-                 "tpot_p50_s": "median_tpot_ms", "tpot_p99_s": "p99_tpot_ms",
-                 "e2e_p50_s": "median_e2el_ms", "e2e_p99_s": "p99_e2el_ms"}
+def conversations_from(args: argparse.Namespace) -> Conversations | None:
+    """``--conversations N`` and its flags as :class:`Conversations` (``None``: not asked)."""
+    given = [flag_of(f) for f in CONVERSATION_FLAGS if getattr(args, f) is not None]
+    if args.conversations is None:
+        if given:
+            raise InputError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to"
+                             " --conversations N: add it")
+        return None
+    others = [flag for flag, on in (
+        ("--input-len", args.input_len), ("--lengths", args.lengths),
+        ("--dataset", args.dataset), ("--from-run", args.from_run),
+        ("--shared-prefix", args.shared_prefix), ("--think", args.think)) if on]
+    if others:
+        verb = "does not" if len(others) == 1 else "do not"
+        raise InputError(f"{', '.join(others)} {verb} apply to --conversations: a turn's prompt"
+                         " is the history and --user-len tokens, its answer --output-len tokens,"
+                         " and --think-s passes between turns")
+    output = _parsed("--output-len", parse_lengths, args.output_len)
+    if output.kind != "fixed":
+        raise InputError("--conversations takes a fixed --output-len (a number of tokens)")
+    rate = math.inf
+    if args.request_rate is not None:
+        rates = _parsed("--request-rate", parse_rates, args.request_rate)
+        if len(rates) > 1:
+            raise InputError("--conversations takes one --request-rate")
+        rate = rates[0]
+    chosen = {f: getattr(args, f) for f in CONVERSATION_FLAGS
+              if f != "request_rate" and getattr(args, f) is not None}
+    return make_config(Conversations, conversations=args.conversations,
+                       output_len=int(output.a), request_rate=rate, seed=args.seed, **chosen)
+
+
+def _parsed(flag: str, parse: Callable[[str], T], text: str) -> T:
+    """``parse(text)``, its complaint naming the flag."""
+    try:
+        return parse(text)
+    except InputError as exc:
+        message = exc.naming(lambda _: flag)
+        raise InputError(message if flag in message else f"{flag}: {message}") from None
+
+
+def show_turns(turns: list[dict[str, Any]],
+               measured: list[dict[str, Any]] | None = None) -> None:
+    """The per-turn table, in the columns of ``bench --conversations``'s (and the p99); a
+    replayed run's measured figures beside."""
+    table = Table(title="per turn", title_justify="left")
+    columns = ["turn", "n", "TTFT p50", "TTFT p90", "TTFT p99", "prompt tok", "cached"]
+    if measured is not None:
+        columns += ["measured TTFT p50", "measured p90", "measured cached"]
+    for col in columns:
+        table.add_column(col, justify="right")
+    by_turn = {m["turn"]: m for m in measured or ()}
+    for t in turns:
+        prompt = t["prompt_tokens_p50"]
+        cells = [str(t["turn"]), str(t["n"]), _s(t["ttft_p50_s"]), _s(t["ttft_p90_s"]),
+                 _s(t["ttft_p99_s"]), "—" if prompt is None else f"{prompt:,.0f}",
+                 _share(t["cached_share"])]
+        if measured is not None:
+            m = by_turn.get(t["turn"], {})
+            cells += [_s(m.get("ttft_p50_s")), _s(m.get("ttft_p90_s")),
+                      _share(m.get("cached_share"))]
+        table.add_row(*cells)
+    console.print(table)
+
+
+def _share(x: float | None) -> str:
+    return "—" if x is None else f"{x:.0%}"
 
 
 def measured_figures(path: str) -> dict[str, float | None]:
@@ -507,8 +648,9 @@ def measured_figures(path: str) -> dict[str, float | None]:
     if len(summaries) != 1:
         return {}
     s = summaries[0]
-    return {key: None if s.get(ms) is None else float(s[ms]) / 1000
-            for key, ms in MEASURED_KEYS.items()}
+    return {f"{key}_{q}_s": value
+            for key, d in (("ttft", s.ttft), ("itl", s.itl), ("tpot", s.tpot), ("e2e", s.e2e))
+            for q, value in (("p50", d.median_s), ("p99", d.p99_s))}
 
 
 def show_prediction(d: dict[str, Any]) -> None:
@@ -606,7 +748,8 @@ def run_whatif(args: argparse.Namespace) -> int:
         find_device(d)  # an unknown device is bad input, before any simulation
     lengths = lengths_from(args)
     link = DEFAULT_LINK_GB_S if args.kv_link_gb_s is None else args.kv_link_gb_s
-    changes, notes = standard_changes(model, scheduler, cal.server, devices, link_gb_s=link,
+    changes, notes = standard_changes(model, scheduler, cal.server.hardware, devices,
+                                      link_gb_s=link,
                                       kv_bytes_per_token=kv_bytes_from(args, cal))
     rows = what_if(changes, lengths, slo, think_s=args.think, num_requests=args.num_requests,
                    seed=args.seed, shared_prefix=shared_prefix_from(args))
@@ -630,5 +773,5 @@ def run_whatif(args: argparse.Namespace) -> int:
         console.print("[yellow]*[/] extrapolated by the roofline's ratios from the calibrated"
                       " device: a bound, not a measurement-backed prediction")
     for n in notes:
-        console.print(f"[dim]note: {n}[/dim]")
+        console.print(f"[dim]note: {in_flags(n)}[/dim]")
     return 0

@@ -6,7 +6,7 @@ import argparse
 
 from rich.table import Table
 
-from pdscope.cli.common import command_parser, console, make_config, positive_int
+from pdscope.cli.common import command_parser, console, in_flags, make_config, positive_int
 from pdscope.cli.experiment import (
     add_client_args,
     check_mark,
@@ -106,8 +106,10 @@ def show(r: PrefixResult) -> None:
         console.print("the server reports no cached-token count")
     if data["prefix_ttft_floor_s"] is not None:
         kv = data["prefix_kv_bytes"]
+        held = (" (held at a unique prompt's TTFT: the specs' floor was above it)"
+                if data["prefix_ttft_floor_beaten"] else "")
         console.print(f"roofline: computing the prefix takes at least"
-                      f" {seconds(data['prefix_ttft_floor_s'])}"
+                      f" {seconds(data['prefix_ttft_floor_s'])}{held}"
                       + (f"; its KV cache holds {human_bytes(kv)}" if kv else ""))
-    console.print(r.verdict)
+    console.print(in_flags(r.verdict))
     footer(r, r.notes)

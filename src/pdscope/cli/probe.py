@@ -12,14 +12,18 @@ from rich.table import Table
 from pdscope.cli.common import (
     command_parser,
     console,
+    flagged,
+    in_flags,
     make_config,
     positive_int,
     print_json,
+    warn,
     write_result,
 )
 from pdscope.cli.experiment import check_before_measuring, progress_bar
 from pdscope.cli.server_args import add_server_args, client_kwargs
-from pdscope.experiments.common import connect, find_ceiling_inputs
+from pdscope.client import connect
+from pdscope.experiments.common import find_ceiling_inputs
 from pdscope.experiments.probe import ProbeConfig, ProbeResult, ceiling_verdict
 from pdscope.experiments.probe import run_probe as probe_server
 from pdscope.report.fmt import human_bytes, rate, seconds
@@ -78,13 +82,15 @@ def run(args: argparse.Namespace) -> int:
     result = asyncio.run(_probe(args, config))
     data = result.to_json()
     if args.out:
-        write_result(args.out, json.dumps(data, indent=2))
+        write_result(args.out, json.dumps(flagged(data), indent=2))
     if args.json:
         if not args.raw:
             data.pop("requests")
         print_json(data)
-        return 0
-    show(result)
+    else:
+        show(result)
+    if result.truncation_warning:
+        warn(result.truncation_warning)
     return 0
 
 
@@ -126,16 +132,25 @@ def show(r: ProbeResult) -> None:
                ("spread (min – max)", "right"), ("ceiling", "right"), ("of ceiling", "right"))
     for col, just in columns:
         table.add_column(col, justify=just)  # type: ignore[arg-type]
+    th, ph, dh = r.ttft_held, r.prefill_held, r.decode_held
+    floor = (th.mark + seconds(th.limit) if th else
+             seconds(pc.ttft_s) if pc and pc.ttft_s else "—")
     table.add_row("prefill", "TTFT", seconds(ttft.median) if ttft else "—",
-                  _spread(ttft, "{:.3f} s"), seconds(pc.ttft_s) if pc and pc.ttft_s else "—",
-                  "")
+                  _spread(ttft, "{:.3f} s"), floor, "")
     table.add_row("", f"prefill rate ({r.prefill_source})",
                   rate(prefill.median) if prefill else "—", _spread(prefill, "{:,.0f}"),
+                  ph.mark + rate(ph.ceiling) if ph else
                   rate(pc.tok_s) if pc and pc.tok_s else "—",
-                  f"{r.prefill_fraction:.0%}" if r.prefill_fraction is not None else "—")
+                  f"{ph.share:.0%}" if ph else "—")
+    if r.reasoned:
+        ttfo = r.ttfo
+        table.add_row("thinking", f"first answer token (TTFO), {r.reasoning_tokens or '?'}"
+                      " reasoning tokens", seconds(ttfo.median) if ttfo else "— (no answer)",
+                      _spread(ttfo, "{:.3f} s"), "", "")
     table.add_row("decode", "decode rate (1 / TPOT)", rate(decode.median) if decode else "—",
-                  _spread(decode, "{:,.1f}"), rate(dc.tok_s) if dc else "—",
-                  f"{r.decode_fraction:.0%}" if r.decode_fraction is not None else "—")
+                  _spread(decode, "{:,.1f}"), dh.mark + rate(dh.ceiling) if dh else
+                  rate(dc.tok_s) if dc else "—",
+                  f"{dh.share:.0%}" if dh else "—")
     if r.server_decode_tok_s is not None:
         table.add_row("", "decode rate (server's own count)", rate(r.server_decode_tok_s),
                       "", "", "")
@@ -145,6 +160,12 @@ def show(r: ProbeResult) -> None:
     table.add_row("total", "end to end", seconds(e2e.median) if e2e else "—",
                   _spread(e2e, "{:.2f} s"), "", "")
     console.print(table)
+    if r.reasoned and ttft is not None:
+        thinking = r.thinking
+        console.print(
+            f"prefill {seconds(ttft.median)}, thinking "
+            + (seconds(thinking.median) if thinking else "past the output cap (no answer yet)")
+            + ": the model reasons before its first answer token; TTFT counts only the prefill")
     cold = r.cold
     console.print(
         f"cold run (kept apart): TTFT {seconds(cold.ttft_s)}, decode {rate(cold.decode_tok_s)}"
@@ -156,6 +177,8 @@ def show(r: ProbeResult) -> None:
             f" ({human_bytes(dc.weight_bytes_read)} of weights + {human_bytes(dc.kv_bytes_read)}"
             f" of KV at {dc.context:,} tokens) a token; model from {r.model_source}"
         )
-    console.print(ceiling_verdict(r.decode_fraction))
+    console.print(in_flags(ceiling_verdict(r.decode_fraction, bool(dh and dh.beaten))))
+    for warning in r.ceiling_warnings:
+        console.print(f"[yellow]warning: {warning}[/yellow]")
     for note in r.notes:
-        console.print(f"[dim]note: {note}[/dim]")
+        console.print(f"[dim]note: {in_flags(note)}[/dim]")

@@ -20,7 +20,6 @@ from pdscope.cli.common import (
     share,
 )
 from pdscope.errors import InputError, RunError
-from pdscope.load.schedule import parse_ints
 from pdscope.load.workers import auto_workers
 from pdscope.selftest.check import (
     DEFAULT_LEVELS,
@@ -30,6 +29,7 @@ from pdscope.selftest.check import (
     save,
 )
 from pdscope.selftest.server import main as serve
+from pdscope.workload.schedule import parse_ints
 
 EXAMPLES = """
   pdscope selftest                         rising concurrency until the error passes 1 ms

@@ -87,8 +87,10 @@ def show(r: SweepResult) -> None:
         table.add_row(
             f"{p['prompt_tokens']:,}", seconds(p["ttft_s"]),
             f"{spread['min']:.3f} – {spread['max']:.3f} s" if spread else "—",
-            seconds(p["ttft_floor_s"]), rate(p["prefill_tok_s"]), rate(p["decode_tok_s"]),
-            rate(p["decode_ceiling_tok_s"]),
+            ("at most " if p.get("ttft_floor_beaten") else "") + seconds(p["ttft_floor_s"]),
+            rate(p["prefill_tok_s"]), rate(p["decode_tok_s"]),
+            ("at least " if p.get("decode_ceiling_beaten") else "")
+            + rate(p["decode_ceiling_tok_s"]),
         )
     console.print(table)
     fit = r.fit

@@ -126,6 +126,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _raise_if_cancelled() -> None:
+    """Ctrl-C cancels the running task (``asyncio.run``); a cancellation that arrived inside a
+    scrape can come out of aiohttp as a timeout, read here as a failed scrape, and the
+    dashboard would go on trying: the task's pending cancellation says it should stop."""
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)  # Python 3.11 on
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError
+
+
 async def watch(
     args: argparse.Namespace,
     family: MetricMap | None,
@@ -198,6 +207,7 @@ async def _loop(
         try:
             current = await scrape(args.url, session, timeout=args.timeout)
         except RunError as exc:
+            _raise_if_cancelled()
             now = time.monotonic()
             if down_since is None:
                 down_since = now

@@ -11,6 +11,7 @@ Every figure follows the definitions in :mod:`pdscope.client.record`; where ``t_
 is told in :mod:`pdscope.client.session`.
 """
 
+from pdscope.client.connection import Connection, connect, open_connection
 from pdscope.client.counters import decode_rate, implausible_prefill, prefill_rate
 from pdscope.client.detect import (
     ServerInfo,
@@ -39,6 +40,7 @@ __all__ = [
     "ERROR_KINDS",
     "Api",
     "ClientOptions",
+    "Connection",
     "ErrorKind",
     "RecordBuilder",
     "RequestRecord",
@@ -49,12 +51,14 @@ __all__ = [
     "build_request",
     "choose_target",
     "classify_status",
+    "connect",
     "decode_rate",
     "detect_server",
     "detokenize",
     "implausible_prefill",
     "is_loopback",
     "new_session",
+    "open_connection",
     "prefill_rate",
     "raise_for_record",
     "resolve_target",

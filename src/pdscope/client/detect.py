@@ -17,9 +17,10 @@ from typing import Any
 
 import aiohttp
 
+from pdscope.client.fields import RequestFields
 from pdscope.client.session import connect_reason, get_json, get_text
 from pdscope.client.target import Api, Target, root_url
-from pdscope.errors import RunError
+from pdscope.errors import Field, RunError
 from pdscope.servers import FAMILIES, GENERIC, Answers, Detected, ServerFamily, ServerKind, family
 from pdscope.servers.family import METRICS_PATH, MODELS_PATH
 
@@ -48,6 +49,7 @@ class ServerInfo:
         api: Api | None = None,
         api_key: str | None = None,
         fixed_output: bool = False,
+        fields: RequestFields | None = None,
     ) -> Target:
         """A :class:`Target` on this server: its first model and default API unless given."""
         return Target(
@@ -57,6 +59,7 @@ class ServerInfo:
             api_key=api_key,
             fixed_output=fixed_output,
             server_kind=self.kind,
+            fields=fields or RequestFields(),
         )
 
 
@@ -214,18 +217,20 @@ def choose_target(
     api: str = "auto",
     api_key: str | None = None,
     fixed_output: bool = True,
+    fields: RequestFields | None = None,
 ) -> Target:
     """The :class:`Target` on a detected server, after checking that it serves ``model`` (or
-    any model at all). Raises :class:`RunError` (one line)."""
+    any model at all), with the user's request ``fields``. Raises :class:`RunError` (one
+    line), :class:`InputError` for Ollama ``options`` on another API."""
     if model and info.models and model not in info.models:
         served = ", ".join(info.models[:8])
         raise RunError(f"model {model!r} is not served at {info.base_url} (it serves:"
-                       f" {served}); pass one of those with --model")
+                       f" {served}); pass one of those as the ", Field("model"))
     if not model and not info.models:
-        raise RunError(f"{info.base_url} lists no models: name one with --model")
+        raise RunError(f"{info.base_url} lists no models: name one as the ", Field("model"))
     chosen = None if api == "auto" else api
     return info.target(model=model, api=chosen,  # type: ignore[arg-type]
-                       api_key=api_key, fixed_output=fixed_output)
+                       api_key=api_key, fixed_output=fixed_output, fields=fields)
 
 
 async def resolve_target(

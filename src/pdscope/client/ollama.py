@@ -3,11 +3,12 @@
 The stream is NDJSON, one JSON object a line (ollama/ollama ``docs/api.md`` and
 ``docs/api/streaming.mdx``; examples in ``tests/data/fixtures/servers/ollama/``). A line carries
 ``response`` (generate) or ``message.content`` (chat), and ``thinking`` / ``message.thinking`` for
-reasoning models. The last line has ``"done": true`` — it may still carry a token — and the
-server's counters, durations in nanoseconds: ``prompt_eval_count``, ``prompt_eval_duration``,
-``eval_count``, ``eval_duration``, ``load_duration``, ``total_duration``. A line
-``{"error": "..."}`` is a failure mid-stream. ``options.num_predict`` caps the output; Ollama has
-no way to ignore the end-of-sequence token, so a fixed output length is a cap, not a promise.
+reasoning models (kept apart from the answer: :mod:`pdscope.client.reasoning`). The last line
+has ``"done": true`` — it may still carry a token — and the server's counters, durations in
+nanoseconds: ``prompt_eval_count``, ``prompt_eval_duration``, ``eval_count``,
+``eval_duration``, ``load_duration``, ``total_duration``. A line ``{"error": "..."}`` is a
+failure mid-stream. ``options.num_predict`` caps the output; Ollama has no way to ignore the
+end-of-sequence token, so a fixed output length is a cap, not a promise.
 
 The counters and the article's formulas on them are in :mod:`pdscope.client.counters`.
 """
@@ -20,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pdscope.client.counters import counters  # also read from here by older callers
+from pdscope.client.reasoning import Parts, ThinkTags, ollama_parts
 from pdscope.client.record import RecordBuilder
 from pdscope.client.target import Target, prompt_fields
 
@@ -36,10 +38,13 @@ def build_body(
     """The JSON body of one streamed request to ``target`` (``ollama`` or ``ollama-chat``)."""
     body: dict[str, Any] = {"model": target.model, "stream": True,
                             **prompt_fields(target.api == "ollama-chat", prompt, messages)}
+    options = target.fields.ollama_options()  # checked: no num_predict among them
     if max_tokens is not None:
-        body["options"] = {"num_predict": max_tokens}
-    if target.extra_body:
-        for key, value in target.extra_body.items():
+        options["num_predict"] = max_tokens
+    if options:
+        body["options"] = options
+    for extra in (target.fields.extra_body, target.extra_body or {}):
+        for key, value in extra.items():
             if key == "options" and isinstance(value, Mapping):
                 body["options"] = {**body.get("options", {}), **value}
             else:
@@ -69,6 +74,7 @@ class OllamaStreamParser:
         self.builder = builder
         self.chat = chat
         self._tail = b""
+        self._tags = ThinkTags()
 
     def feed(self, data: bytes, t_ns: int) -> None:
         buf = self._tail + data if self._tail else data
@@ -118,15 +124,14 @@ class OllamaStreamParser:
             b.fail("stream_broken", f"Ollama sent an error mid-stream after {b.n_chunks}"
                    f" token chunks: {' '.join(str(obj['error']).split())}")
             return
-        if self.chat:
-            message = obj.get("message")
-            message = message if isinstance(message, dict) else {}
-            parts = (message.get("thinking"), message.get("content"))
-        else:
-            parts = (obj.get("thinking"), obj.get("response"))
-        text = "".join(p for p in parts if isinstance(p, str))
-        if text:
-            b.add_tokens(t_ns, text)
+        parts = ollama_parts(obj, self.chat)
+        if parts.answer:  # an Ollama that does not parse the thought leaves <think> in it
+            tagged, retro = self._tags.split(parts.answer)
+            parts = Parts(parts.reasoning + tagged.reasoning, tagged.answer)
+            if retro:
+                b.earlier_was_reasoning()
+        if parts:
+            b.add_parts(t_ns, parts)
         if obj.get("done") is True:
             found = counters({k: v for k, v in obj.items() if _plausible(v)})
             if found:

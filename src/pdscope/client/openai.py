@@ -10,9 +10,12 @@ What a chunk carries:
 
 * completions: ``choices[0].text``; chat: ``choices[0].delta`` with ``content`` and, for
   reasoning models, ``reasoning_content`` (llama.cpp, DeepSeek style) or ``reasoning`` — reasoning
-  tokens are generated tokens, so they count. A chat chunk with only ``role``, or an empty text,
-  is not a token (vLLM's own benchmark counts the role chunk as the first token; pdscope does not).
-* ``usage``: ``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``.
+  tokens are generated tokens, so they count, and are kept apart from the answer's
+  (:mod:`pdscope.client.reasoning`, with ``<think>`` tags left in the text). A chat chunk with
+  only ``role``, or an empty text, is not a token (vLLM's own benchmark counts the role chunk as
+  the first token; pdscope does not).
+* ``usage``: ``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``,
+  ``completion_tokens_details.reasoning_tokens`` (OpenAI's and DeepSeek's APIs).
 * llama.cpp's ``timings`` (ggml-org/llama.cpp ``tools/server/README.md``, "Timings and context
   usage"): ``prompt_n`` (prompt tokens processed, the cached ones not included), ``cache_n``,
   ``prompt_ms``, ``predicted_n``, ``predicted_ms``. Kept as ``server_timings``.
@@ -20,8 +23,9 @@ What a chunk carries:
 
 Fixed output length (``Target.fixed_output``): the fields each server accepts are its family's
 (:mod:`pdscope.servers`, ``fixed_output``, each checked in its source or docs); a generic OpenAI
-server gets none (a strict server rejects unknown fields). ``Target.extra_body`` overrides any of
-this.
+server gets none (a strict server rejects unknown fields). The user's fields
+(``Target.fields``, :mod:`pdscope.client.fields`) are merged after them, and ``Target.extra_body``
+overrides any of this.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pdscope.client.faults import server_message
+from pdscope.client.reasoning import Parts, ThinkTags, chat_delta_parts, usage_reasoning_tokens
 from pdscope.client.record import RecordBuilder
 from pdscope.client.sse import DONE, SSEDecoder
 from pdscope.client.target import Target, prompt_fields
@@ -62,6 +67,7 @@ def build_body(
     if target.server_kind is not None and family(target.server_kind).per_chunk_usage:
         options["continuous_usage_stats"] = True
     body["stream_options"] = options
+    body.update(target.fields.openai_body())  # checked: none of the fields above
     if target.extra_body:
         body.update(target.extra_body)
     return body
@@ -69,21 +75,6 @@ def build_body(
 
 def path(target: Target) -> str:
     return CHAT_PATH if target.api == "openai-chat" else COMPLETIONS_PATH
-
-
-def _chat_text(delta: Mapping[str, Any]) -> str:
-    parts = [
-        delta.get("reasoning_content"),
-        delta.get("reasoning"),
-        delta.get("content"),
-    ]
-    text = "".join(p for p in parts if isinstance(p, str))
-    calls = delta.get("tool_calls")
-    for call in calls if isinstance(calls, list) else ():
-        fn = call.get("function") if isinstance(call, dict) else None
-        if isinstance(fn, dict):
-            text += str(fn.get("name") or "") + str(fn.get("arguments") or "")
-    return text
 
 
 def _int(value: Any) -> int | None:
@@ -109,6 +100,7 @@ class OpenAIStreamParser:
         self._usage_seen_before = False  # usage on an earlier chunk: the server sends it per chunk
         self._prev_completion_tokens = 0
         self._closing = False  # events now come from what was left when the stream ended
+        self._tags = ThinkTags()
 
     def feed(self, data: bytes, t_ns: int) -> None:
         try:
@@ -176,11 +168,14 @@ class OpenAIStreamParser:
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict) and _int(details.get("cached_tokens")) is not None:
                 b.cached_tokens = _int(details.get("cached_tokens"))
+            reasoning = usage_reasoning_tokens(usage)
+            if reasoning is not None:
+                b.usage_reasoning_tokens = reasoning
         timings = obj.get("timings")
         if isinstance(timings, dict):
             b.server_timings = {k: float(v) for k, v in timings.items() if _int(v) is not None}
 
-        text = ""
+        parts = Parts()
         choices = obj.get("choices")
         if isinstance(choices, list) and choices:
             choice = choices[0]
@@ -188,20 +183,25 @@ class OpenAIStreamParser:
                 if self.chat:
                     delta = choice.get("delta")
                     if isinstance(delta, dict):
-                        text = _chat_text(delta)
+                        parts = chat_delta_parts(delta)
                 else:
                     raw = choice.get("text")
-                    text = raw if isinstance(raw, str) else ""
+                    parts = Parts(answer=raw if isinstance(raw, str) else "")
                 if choice.get("finish_reason") is not None:
                     b.finish_reason = str(choice["finish_reason"])
 
-        if text:
+        if parts.answer:
+            tagged, retro = self._tags.split(parts.answer)
+            parts = Parts(parts.reasoning + tagged.reasoning, tagged.answer)
+            if retro:
+                b.earlier_was_reasoning()
+        if parts:
             k = 1
             if completion_tokens is not None and (self._usage_seen_before or b.n_chunks == 0):
                 k = max(1, completion_tokens - self._prev_completion_tokens)
                 k = k if k <= _MAX_TOKENS_A_CHUNK else 1
-            b.add_tokens(t_ns, text, k, _int(obj.get("pdscope_sent_ns")),
-                         _int(obj.get("pdscope_due_ns")))
+            b.add_parts(t_ns, parts, k, _int(obj.get("pdscope_sent_ns")),
+                        _int(obj.get("pdscope_due_ns")))
         if completion_tokens is not None:
             self._prev_completion_tokens = completion_tokens
             self._usage_seen_before = True

@@ -7,7 +7,12 @@ README, "Definitions"); other tools use the same names for other things:
   pool (see :mod:`pdscope.client.session` for the exact place). Opening a new connection is
   ``connect_s`` and is not part of TTFT.
 * TTFT: ``t_send`` to the first chunk that carries at least one generated token. A chat chunk
-  with only the role, a chunk with only usage, or one with empty text does not count.
+  with only the role, a chunk with only usage, or one with empty text does not count. A token
+  of reasoning ("thinking") is a generated token: TTFT ends with the prefill.
+* TTFO: ``t_send`` to the first chunk that carries answer text (content, a tool call), not
+  only reasoning: the time to first output token, AIPerf's ``time_to_first_output_token``
+  (:mod:`pdscope.client.reasoning`). Equal to TTFT for a model that does not reason; the
+  difference is the thinking.
 * ITL: the gaps between consecutive token-bearing chunks, per token: a chunk with k tokens gives
   k gaps of gap / k. The raw chunk gaps are kept too (``chunk_gaps_s``).
 * TPOT: ``(t_last - t_first) / (n_out - 1)``; the decode rate is ``1 / TPOT`` tokens/s.
@@ -17,6 +22,13 @@ README, "Definitions"); other tools use the same names for other things:
   prompt tokens / TTFT; ``prefill_source`` says which.
 * token counts: the server's ``usage``, else its own counters, else the count of token-bearing
   chunks, flagged ``chunks-estimate``.
+* a prompt cut short: ``sent_prompt_tokens`` is what the client sent (the prompt builder's count,
+  by the server's tokenizer unless ``sent_prompt_estimated``) beside the ``prompt_tokens`` the
+  server reports; a shortfall past :func:`pdscope.client.truncation.allowed_shortfall` marks the
+  request ``truncated`` (a chat template only adds tokens, so only a shortfall counts).
+  chunks, flagged ``chunks-estimate``. Reasoning tokens: the server's
+  ``completion_tokens_details.reasoning_tokens``, else the tokens of the chunks that carried
+  reasoning; they are part of the output tokens.
 
 A record never holds an API key: nothing here is given one.
 """
@@ -25,13 +37,18 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from itertools import pairwise
 from typing import Any, Literal, get_args
 
+import numpy as np
+
 from pdscope.client.counters import implausible_prefill
+from pdscope.client.reasoning import Parts, reasoning_share
 from pdscope.client.target import Api
+from pdscope.client.truncation import is_truncated
+from pdscope.figures import series_of
 from pdscope.units import NS
 
 ErrorKind = Literal[
@@ -50,6 +67,7 @@ ErrorKind = Literal[
     "overrun",  # the server kept streaming far past max_tokens; the client hung up
     "cancelled",  # the task running the request was cancelled
     "worker_lost",  # the load worker (process, Ray actor or node) died before it finished
+    "context_exceeded",  # the server refused a prompt (+ max_tokens) longer than its context
 ]
 ERROR_KINDS: tuple[str, ...] = get_args(ErrorKind)
 
@@ -96,6 +114,10 @@ class RequestRecord:
     error_kind: ErrorKind | None = None
     server_sent_ns: tuple[int, ...] | None = None
     server_due_ns: tuple[int, ...] | None = None
+    sent_prompt_tokens: int | None = None  # what the client sent, by its prompt builder
+    sent_prompt_estimated: bool = False  # that count is an estimate (no server tokenizer)
+    reasoning_tokens: int | None = None  # None: the stream carried no reasoning
+    t_first_answer_ns: int | None = None  # the first chunk with answer text (not only thought)
 
     # ---------------------------------------------------------------------------- outcome
 
@@ -111,6 +133,16 @@ class RequestRecord:
             return self.output_tokens
         return sum(self.chunk_tokens)
 
+    @property
+    def truncated(self) -> bool:
+        """The server reports fewer prompt tokens than were sent, past the tolerance: it cut
+        the prompt (Ollama past ``num_ctx``), so the model never saw all of it and the TTFT is
+        that of a shorter prompt."""
+        if not self.ok or self.sent_prompt_tokens is None or self.prompt_tokens is None:
+            return False
+        return is_truncated(self.sent_prompt_tokens, self.prompt_tokens,
+                            estimated=self.sent_prompt_estimated)
+
     # ---------------------------------------------------------------------------- latency
 
     @property
@@ -119,6 +151,32 @@ class RequestRecord:
         if self.t_send_ns is None or self.t_first_token_ns is None:
             return None
         return (self.t_first_token_ns - self.t_send_ns) / NS
+
+    @property
+    def reasoned(self) -> bool:
+        """The stream carried reasoning (thinking) before or beside its answer."""
+        return self.reasoning_tokens is not None
+
+    @property
+    def ttfo_s(self) -> float | None:
+        """``t_send`` to the first answer token (TTFO), in seconds: TTFT plus the thinking.
+        ``None`` when no answer came (the output ended while the model still thought)."""
+        if self.t_send_ns is None or self.t_first_answer_ns is None:
+            return None
+        return (self.t_first_answer_ns - self.t_send_ns) / NS
+
+    @property
+    def thinking_s(self) -> float | None:
+        """From the first token to the first answer token: the time spent thinking, in
+        seconds (``None`` for a stream with no reasoning, or no answer)."""
+        if not self.reasoned or self.t_first_token_ns is None or self.t_first_answer_ns is None:
+            return None
+        return (self.t_first_answer_ns - self.t_first_token_ns) / NS
+
+    @property
+    def answer_tokens(self) -> int:
+        """Output tokens that were answer, not reasoning."""
+        return max(0, self.n_out - (self.reasoning_tokens or 0))
 
     @property
     def e2e_s(self) -> float | None:
@@ -141,6 +199,15 @@ class RequestRecord:
             k = max(1, ks[i]) if ks is not None else 1
             out.extend([gap / k] * k)
         return tuple(out)
+
+    @property
+    def first_gap_index(self) -> int:
+        """The output position ``j`` of the first gap in :attr:`itl_s` (gap ``j`` lies between
+        tokens ``j`` and ``j + 1``): 0, unless the first chunk brought ``k`` tokens, whose
+        ``k − 1`` gaps nobody saw; then ``k − 1``."""
+        if self.chunk_tokens and len(self.chunk_tokens) == len(self.token_times_ns):
+            return max(1, self.chunk_tokens[0]) - 1
+        return 0
 
     @property
     def tpot_s(self) -> float | None:
@@ -221,6 +288,9 @@ class RequestRecord:
             "prefill_tok_s": self.prefill_tok_s,
             "prefill_source": self.prefill_source,
             "n_out": self.n_out,
+            "truncated": self.truncated,
+            "ttfo_s": self.ttfo_s if self.reasoned else None,
+            "thinking_s": self.thinking_s,
         }
 
     def to_dict(self, with_derived: bool = True) -> dict[str, Any]:
@@ -257,6 +327,32 @@ class RequestRecord:
         return cls.from_dict(json.loads(line))
 
 
+def request_series(saved: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """The per-request series (:mod:`pdscope.figures`) of saved records (a probe's
+    ``requests``, as :meth:`RequestRecord.to_dict` wrote them): :func:`record_series`."""
+    return record_series([RequestRecord.from_dict(d) for d in saved
+                          if d.get("error") is None and d.get("t_first_token_ns") is not None])
+
+
+def record_series(records: Iterable[RequestRecord]) -> dict[str, np.ndarray]:
+    """The per-request series (:mod:`pdscope.figures`) of records: the completed ones that
+    got a token, in send order."""
+    done = [r for r in records if r.ok and r.t_first_token_ns is not None]
+    done.sort(key=lambda r: r.t_send_ns or 0)
+    return series_of({
+        "ttft": [r.ttft_s for r in done if r.ttft_s is not None],
+        "itl": [g for r in done for g in r.itl_s],
+        "tpot": [r.tpot_s for r in done if r.tpot_s is not None],
+        "e2e": [r.e2e_s for r in done if r.e2e_s is not None],
+        "decode": [r.decode_tok_s for r in done if r.decode_tok_s is not None],
+        "prefill": [r.prefill_tok_s for r in done if r.prefill_tok_s is not None],
+        # Only the requests that reasoned: for the others TTFO is TTFT.
+        "ttfo": [r.ttfo_s for r in done if r.reasoned and r.ttfo_s is not None],
+        "reasoning_tokens": [float(r.reasoning_tokens) for r in done
+                             if r.reasoning_tokens is not None],
+    })
+
+
 @dataclass
 class RecordBuilder:
     """The mutable side of a record while its stream is read. Adapters fill it; ``build()``
@@ -282,6 +378,10 @@ class RecordBuilder:
     text_parts: list[str] = field(default_factory=list)
     server_sent_ns: list[int] = field(default_factory=list)
     server_due_ns: list[int] = field(default_factory=list)
+    chunk_reasoning: list[int] = field(default_factory=list)  # reasoning tokens a chunk
+    t_first_answer_ns: int | None = None
+    saw_reasoning: bool = False
+    usage_reasoning_tokens: int | None = None
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
     cached_tokens: int | None = None
@@ -298,15 +398,37 @@ class RecordBuilder:
         k: int = 1,
         sent_ns: int | None = None,
         due_ns: int | None = None,
+        reasoning_k: int = 0,
+        answer: bool = True,
     ) -> None:
-        """One token-bearing chunk, received at ``t_ns``, carrying ``k`` tokens."""
+        """One token-bearing chunk, received at ``t_ns``, carrying ``k`` tokens, of which
+        ``reasoning_k`` were reasoning; ``answer``: it carried answer text too."""
+        k = max(1, k)
         self.token_times_ns.append(t_ns)
-        self.chunk_tokens.append(max(1, k))
+        self.chunk_tokens.append(k)
+        self.chunk_reasoning.append(max(0, min(k, reasoning_k)))
+        if reasoning_k > 0 or not answer:
+            self.saw_reasoning = True
+        if answer and self.t_first_answer_ns is None:
+            self.t_first_answer_ns = t_ns
         self.text_parts.append(text)
         if sent_ns is not None:
             self.server_sent_ns.append(sent_ns)
         if due_ns is not None:
             self.server_due_ns.append(due_ns)
+
+    def add_parts(self, t_ns: int, parts: Parts, k: int = 1, sent_ns: int | None = None,
+                  due_ns: int | None = None) -> None:
+        """One token-bearing chunk as :mod:`pdscope.client.reasoning` split it."""
+        self.add_tokens(t_ns, parts.text, k, sent_ns, due_ns, reasoning_share(parts, max(1, k)),
+                        bool(parts.answer))
+
+    def earlier_was_reasoning(self) -> None:
+        """Every chunk so far was reasoning (a ``</think>`` closed a thought the prompt had
+        opened): no answer yet."""
+        self.chunk_reasoning = list(self.chunk_tokens)
+        self.t_first_answer_ns = None
+        self.saw_reasoning = True
 
     def fail(self, kind: ErrorKind, message: str) -> None:
         """Keep the first failure: later ones are consequences of it."""
@@ -338,6 +460,19 @@ class RecordBuilder:
         if cached is None and "cache_n" in st:
             cached = int(st["cache_n"])
         n = len(self.token_times_ns)
+        reasoning: int | None = None
+        if self.usage_reasoning_tokens is not None and (self.saw_reasoning
+                                                        or self.usage_reasoning_tokens > 0):
+            reasoning = self.usage_reasoning_tokens
+        elif self.saw_reasoning:
+            thought: int = sum(self.chunk_reasoning)
+            counted: int = sum(self.chunk_tokens)
+            if source != "chunks-estimate" and counted > 0:
+                # Chunks counted k = 1 each: scale to the server's count of the output.
+                thought = round(out * thought / counted)
+            reasoning = thought
+        if reasoning is not None:
+            reasoning = min(reasoning, out)
         return RequestRecord(
             request_id=self.request_id,
             api=self.api,
@@ -366,4 +501,7 @@ class RecordBuilder:
             else None,
             server_due_ns=tuple(self.server_due_ns) if len(self.server_due_ns) == n and n
             else None,
+            reasoning_tokens=reasoning,
+            t_first_answer_ns=self.t_first_answer_ns if reasoning is not None
+            else (self.token_times_ns[0] if n else None),
         )

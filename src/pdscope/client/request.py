@@ -101,9 +101,12 @@ async def stream_request(
         api_key=target.api_key,
         accept=accept,
         max_chunks=overrun_limit(max_tokens),
+        headers=target.fields.header_map(),
     )
     record = builder.build()
-    if target.api_key and target.api_key in record.output_text:  # a server that echoes it
-        record = dataclasses.replace(record, output_text=redact(record.output_text,
-                                                                target.api_key))
+    text = record.output_text
+    for secret in (target.api_key, *target.fields.secrets()):  # a server that echoes one
+        text = redact(text, secret)
+    if text != record.output_text:
+        record = dataclasses.replace(record, output_text=text)
     return record

@@ -39,7 +39,12 @@ from typing import Any, Protocol
 import aiohttp
 from yarl import URL
 
-from pdscope.client.faults import classify_status, redact, server_message
+from pdscope.client.faults import (
+    classify_status,
+    context_exceeded_line,
+    redact,
+    server_message,
+)
 from pdscope.client.record import ErrorKind, RecordBuilder
 from pdscope.errors import InputError
 from pdscope.units import NS
@@ -126,15 +131,18 @@ def trace_config() -> aiohttp.TraceConfig:
     return tc
 
 
-def new_session(limit: int = 256, limit_per_host: int = 0) -> aiohttp.ClientSession:
+def new_session(limit: int = 256, limit_per_host: int = 0,
+                headers: Mapping[str, str] | None = None) -> aiohttp.ClientSession:
     """One session for a whole run: its pool holds at most ``limit`` connections (0: no limit),
-    so a load test's concurrency must fit. Call it inside a running event loop and close it
-    (``async with new_session() as session:``)."""
+    so a load test's concurrency must fit; ``headers`` go with every request it sends (the
+    user's, e.g. a proxy's auth header: detection and tokenizer calls need them too). Call it
+    inside a running event loop and close it (``async with new_session() as session:``)."""
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit_per_host)
     return aiohttp.ClientSession(
         connector=connector,
         trace_configs=[trace_config()],
         timeout=aiohttp.ClientTimeout(total=None),
+        headers=dict(headers) if headers else None,
     )
 
 
@@ -273,10 +281,10 @@ async def _post_and_read(session: aiohttp.ClientSession, url: str, payload: byte
         builder.http_status = resp.status
         if resp.status >= 400:
             text = await _read_body(resp)
-            builder.fail(
-                classify_status(resp.status, text),
-                f"{url}: HTTP {resp.status}: {server_message(text) or resp.reason}",
-            )
+            kind = classify_status(resp.status, text)
+            said = (context_exceeded_line(text) if kind == "context_exceeded"
+                    else server_message(text) or resp.reason)
+            builder.fail(kind, f"{url}: HTTP {resp.status}: {said}")
             return
         if accept == "text/event-stream" and resp.content_type == "application/json":
             text = await _read_body(resp)
@@ -304,15 +312,19 @@ async def stream_post(
     api_key: str | None = None,
     accept: str = "text/event-stream",
     max_chunks: int | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> None:
     """POST ``payload`` (JSON bytes) and read the streamed answer into ``builder``.
 
     Never raises for what the server or the network did: every fault becomes
     ``builder.fail(kind, message)``. A cancelled task records ``cancelled`` and returns, so a
     load test that cancels its stragglers still gets their records. ``max_chunks``: more
-    token-bearing chunks than this and the client hangs up (``overrun``).
+    token-bearing chunks than this and the client hangs up (``overrun``). ``headers``: the
+    user's own, sent too; their values, like the key, are redacted from any error.
     """
-    headers = {"Content-Type": "application/json", "Accept": accept, **auth_headers(api_key)}
+    secrets = (api_key, *(headers or {}).values())
+    sent = {**(headers or {}), "Content-Type": "application/json", "Accept": accept,
+            **auth_headers(api_key)}
     t0 = now_ns()
     if builder.t_start_ns is None:
         builder.t_start_ns = t0
@@ -324,7 +336,7 @@ async def stream_post(
             if not traced:
                 builder.t_send_ns = now_ns()
             try:
-                await _post_and_read(session, url, payload, headers, builder, parser, timeouts,
+                await _post_and_read(session, url, payload, sent, builder, parser, timeouts,
                                      accept, max_chunks)
                 break
             except STALE_CONNECTION as exc:
@@ -364,7 +376,8 @@ async def stream_post(
         if builder.error is not None:
             if not builder.error.startswith(("http://", "https://", "cannot connect")):
                 builder.error = f"{url}: {builder.error}"  # the parsers do not know the URL
-            builder.error = redact(builder.error, api_key)
+            for secret in secrets:
+                builder.error = redact(builder.error, secret)
 
 
 async def _read_body(resp: aiohttp.ClientResponse) -> str:

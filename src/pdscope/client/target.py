@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlparse
 
+from pdscope.client.fields import RequestFields
 from pdscope.errors import InputError
 from pdscope.servers import ServerKind
 
@@ -51,7 +52,9 @@ class Target:
     :class:`~pdscope.servers.ServerFamily`, the extra request fields a server accepts: with
     ``fixed_output`` the client asks for exactly ``max_tokens`` tokens where the server has a way
     to (``ignore_eos`` / ``min_tokens``), so decode is measured over a known length.
-    ``extra_body`` is merged into every request body last, to add or override fields.
+    ``fields`` are the user's request fields (:class:`RequestFields`: sampling, body fields,
+    headers), checked against what the measurement depends on; ``extra_body`` is merged into
+    every request body last, to add or override fields (a library caller's, unchecked).
 
     ``api_key`` is sent as ``Authorization: Bearer``; it is left out of ``repr`` and never
     written into a record or an error message.
@@ -64,8 +67,10 @@ class Target:
     extra_body: Mapping[str, Any] | None = None
     fixed_output: bool = False
     server_kind: ServerKind | None = None
+    fields: RequestFields = field(default_factory=RequestFields)
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
             raise InputError(f"unknown API {self.api!r}: use one of {', '.join(APIS)}")
+        self.fields.check_api(self.api)
         object.__setattr__(self, "base_url", root_url(self.base_url))

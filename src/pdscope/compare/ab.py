@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdscope.client.options import ClientOptions, at_least
-from pdscope.errors import InputError, RunError
+from pdscope.checks import at_least
+from pdscope.client.options import ClientOptions
+from pdscope.errors import Field, InputError, RunError
 from pdscope.experiments.interference import (
     InterferenceConfig,
     InterferenceResult,
@@ -61,13 +62,14 @@ class AbConfig(ClientOptions):
         at_least(self.num_prompts, 2, "num_prompts")
         at_least(self.runs, 2, "runs")
         if self.workload == "load" and (self.request_rate is None) == (self.concurrency is None):
-            raise InputError("a load workload takes either request_rate or concurrency")
+            raise InputError("a load workload takes either ", Field("request_rate"), " or ",
+                             Field("concurrency"))
         if self.workload == "interference" and (self.request_rate is not None
                                                 or self.concurrency is None):
             raise InputError("an interference workload takes concurrency (its decoding"
                              " streams), not a request rate")
         if self.request_rate is not None and not self.request_rate > 0:
-            raise InputError(f"request_rate must be above 0, got {self.request_rate:g}")
+            raise InputError(Field("request_rate"), f" must be above 0, got {self.request_rate:g}")
         if self.concurrency is not None:
             at_least(self.concurrency, 1, "concurrency")
 

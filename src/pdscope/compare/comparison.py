@@ -10,13 +10,13 @@ changed severity.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pdscope.compare.runs import METRICS, Metric, Side, differences, read_side
+from pdscope.compare.runs import Side, differences, read_side
 from pdscope.compare.significance import (
     ALPHA,
     DEFAULT_THRESHOLD,
@@ -24,6 +24,7 @@ from pdscope.compare.significance import (
     Estimate,
     bootstrap_change,
     bootstrap_percentile,
+    holm,
     mean_estimate,
     percentile_estimate,
     rank_test,
@@ -32,6 +33,7 @@ from pdscope.compare.significance import (
     welch_log_change,
 )
 from pdscope.errors import InputError
+from pdscope.figures import FindingState, Metric
 
 # Samples a side needs beyond a tail percentile for it to be tested: a bootstrap of the
 # largest few values of a run says nothing (the p99 of 100 requests rests on one).
@@ -44,7 +46,8 @@ MIN_RUNS_TAIL = 3
 @dataclass(frozen=True)
 class Row:
     """One figure: A's and B's values with their 95 % intervals, the change in percent with
-    its interval, the p-value, the test, and the verdict (``better``, ``worse``, ``~``)."""
+    its interval, the p-value (adjusted for the comparison's other figures, Holm; the test's
+    own is ``p_raw``), the test, and the verdict (``better``, ``worse``, ``~``)."""
 
     metric: str
     label: str
@@ -67,6 +70,7 @@ class Row:
     test: str | None
     significant: bool
     verdict: str
+    p_raw: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -188,25 +192,34 @@ def _findings(a: Side, b: Side) -> tuple[FindingChange, ...]:
     if fa is None or fb is None:
         return ()
 
-    def state(fs: tuple[dict[str, Any], ...]) -> dict[str, dict[str, Any]]:
-        return {str(f.get("id")): f for f in fs if f.get("status") == "fired"}
+    def state(fs: tuple[FindingState, ...]) -> dict[str, FindingState]:
+        return {f.id: f for f in fs if f.status == "fired"}
 
     sa, sb = state(fa), state(fb)
     out = []
     for fid in sorted(sa.keys() | sb.keys()):
         x, y = sa.get(fid), sb.get(fid)
-        title = str((y or x or {}).get("title", fid))
         if x is None:
-            out.append(FindingChange(fid, title, "appeared", None, str(y and y.get("severity"))))
+            assert y is not None
+            out.append(FindingChange(fid, y.title, "appeared", None, str(y.severity)))
         elif y is None:
-            out.append(FindingChange(fid, title, "cleared", str(x.get("severity")), None))
-        elif x.get("severity") != y.get("severity"):
-            out.append(FindingChange(fid, title, "severity", str(x.get("severity")),
-                                     str(y.get("severity"))))
+            out.append(FindingChange(fid, x.title, "cleared", str(x.severity), None))
+        elif x.severity != y.severity:
+            out.append(FindingChange(fid, y.title, "severity", str(x.severity),
+                                     str(y.severity)))
     return tuple(out)
 
 
-TAILS = frozenset(m.name for m in METRICS if m.q is not None and m.q != 50)
+def _adjusted(rows: list[Row], alpha: float, threshold: float) -> tuple[Row, ...]:
+    """The rows with their p-values adjusted for one another (Holm) and their verdicts read
+    again from the adjusted ones; the test's own p-value stays as ``p_raw``."""
+    adjusted = holm([r.p_value for r in rows])
+    out = []
+    for r, p in zip(rows, adjusted, strict=True):
+        ch = Change(r.delta_pct, r.ci_low_pct, r.ci_high_pct, p, r.test)
+        significant, v = verdict(ch, r.lower_is_better, alpha=alpha, threshold=threshold)
+        out.append(replace(r, p_value=p, p_raw=r.p_value, significant=significant, verdict=v))
+    return tuple(out)
 
 
 def _geomean(rows: tuple[Row, ...]) -> float | None:
@@ -232,19 +245,28 @@ def compare_sides(a: Side, b: Side, *, threshold: float = DEFAULT_THRESHOLD,
                          " compare runs of one workload, or force it")
     rng = np.random.default_rng(seed)
     rows = []
-    for m in METRICS:
+    offered = {m.name for m in b.metrics}
+    metrics = [m for m in a.metrics if m.name in offered]
+    for m in metrics:
         row = (_percentile_row(m, a, b, rng, alpha, threshold)
                if m.series is not None and a.series(m.series) and b.series(m.series)
                else _scalar_row(m, a, b, alpha, threshold))
         if row is not None:
             rows.append(row)
+    tested = sum(r.p_value is not None for r in rows)
+    rows = list(_adjusted(rows, alpha, threshold))
     notes = []
-    tails = [r.label for r in rows if r.test is None and r.metric in TAILS]
+    if tested > 1:
+        notes.append(f"p-values adjusted for the {tested} figures tested together (Holm):"
+                     f" a server against itself is called different in any figure at most"
+                     f" {alpha:g} of the time")
+    tails_of = {m.name for m in metrics if m.tail}
+    tails = [r.label for r in rows if r.test is None and r.metric in tails_of]
     if tails:
         notes.append(f"{', '.join(tails)}: no test — a tail is tested across runs"
                      f" ({MIN_RUNS_TAIL} or more a side, 100 samples a run for a p99): use"
                      " pdscope ab, or folders of repeated runs")
-    if any(r.test is None and r.metric not in TAILS for r in rows):
+    if any(r.test is None and r.metric not in tails_of for r in rows):
         notes.append("a figure with one value a run on either side has no test: repeat the"
                      " run (or use pdscope ab) for an interval")
     if any(r.test == "mann-whitney" for r in rows):

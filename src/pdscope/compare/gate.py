@@ -4,7 +4,7 @@ A spec is a comma-separated list of ``METRIC:±N%``: ``ttft_p99:+10%`` fails whe
 grew by more than 10 %, ``decode_tok_s:-5%`` when the decode rate fell by more than 5 %. A limit
 trips only on a *significant* change beyond it (its p-value under alpha): noise never fails a
 build, and a change too small to matter never does either. Metric names are those of
-:data:`pdscope.compare.runs.METRICS`, with or without the ``_s`` of seconds.
+the kinds of result (:func:`pdscope.figures.known_metrics`), with or without the ``_s`` of seconds.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 
 from pdscope.compare.comparison import Comparison, Row
-from pdscope.compare.runs import BY_NAME
 from pdscope.errors import InputError
+from pdscope.figures import known_metrics
 
 _LIMIT = re.compile(r"^\s*([a-z0-9_]+)\s*:\s*([+-])\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
@@ -44,10 +44,11 @@ def parse_limits(spec: str) -> tuple[Limit, ...]:
             raise InputError(f"bad limit {part.strip()!r}: write METRIC:+N% or METRIC:-N%"
                              " (e.g. ttft_p99:+10%,decode_tok_s:-5%)")
         name, sign, number = m.groups()
-        metric = name if name in BY_NAME else f"{name}_s"
-        if metric not in BY_NAME:
+        known = known_metrics()
+        metric = name if name in known else f"{name}_s"
+        if metric not in known:
             raise InputError(f"unknown metric {name!r} in a limit; known: "
-                             + ", ".join(BY_NAME))
+                             + ", ".join(known))
         pct = float(number) * (1 if sign == "+" else -1)
         out.append(Limit(metric, pct))
     return tuple(out)

@@ -26,6 +26,12 @@ observation then finds "significant" differences in two runs of the same server.
   project's reference server, two runs of the same server differed in ITL p99 by 20 % and 60 %
   in 2 of 12 pairs. So a tail is tested across runs, never within one: Welch's t-test on the
   logs of each run's p99, three runs a side or more (``pdscope ab`` makes four).
+- **Many figures at once**: one comparison tests every figure both sides have (seven or more),
+  so at ``alpha`` each a comparison of a server against itself would call *some* figure
+  different far more often than ``alpha``. The p-values are adjusted with Holm's step-down
+  method (Holm 1979, "A simple sequentially rejective multiple test procedure", Scandinavian
+  Journal of Statistics 6(2)), which keeps the chance of any false call in a comparison under
+  ``alpha`` whatever the figures' dependence (TTFT and the prefill rate move together).
 - **A minimum effect**: a change smaller than ``threshold`` (2 %) is reported as ``~`` however
   small its p-value, as benchstat's users are told: 10,000 identical requests make 0.01 %
   significant and meaningless.
@@ -233,6 +239,20 @@ def welch_log_change(a: Sequence[float], b: Sequence[float], a_value: float,
                       "welch-log")
     d, half, p = w
     return Change(delta, 100 * math.expm1(d - half), 100 * math.expm1(d + half), p, "welch-log")
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of the p-values of one family of tests (``None``: no test,
+    left out of the family and of the count): sorted ascending, the ``i``-th (from 0) of ``m``
+    becomes ``(m - i)·p``, never below the one before it, at most 1."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    m = len(tested)
+    out: list[float | None] = list(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
 
 
 def verdict(change: Change, lower_is_better: bool, *, alpha: float = ALPHA,

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pdscope.servers import ServerSettings
+
 
 @dataclass(frozen=True)
 class ServerEvidence:
@@ -19,7 +21,7 @@ class ServerEvidence:
     url: str = ""
     flags: tuple[str, ...] = ()  # engine flags when known (a lab server records them)
     devices: int = 1  # accelerators the server runs on, as far as pdscope knows
-    settings: dict[str, Any] = field(default_factory=dict)  # ServerSettings.to_json()
+    settings: ServerSettings = field(default_factory=ServerSettings)  # as the server told
 
 
 @dataclass(frozen=True)
@@ -56,12 +58,28 @@ class PhaseEvidence:
     kv_share_of_step: float | None = None  # KV bytes / all bytes read a step at its context
     context: int | None = None
     runs: int = 0
+    # The ceilings above are held (``roofline.Held``): where a measurement beat the one the
+    # specs gave, the ceiling is the measurement ("at least" it), ``*_beaten`` says so, the
+    # specs' figure is kept apart and ``ceiling_warnings`` says which spec was low and why.
+    decode_ceiling_beaten: bool = False
+    prefill_ceiling_beaten: bool = False
+    ttft_floor_beaten: bool = False
+    spec_decode_ceiling_tok_s: float | None = None
+    ceiling_warnings: tuple[str, ...] = ()
 
     @property
     def decode_fraction(self) -> float | None:
+        """The decode rate's share of its ceiling, never above 1."""
         if not self.decode_ceiling_tok_s:
             return None
-        return self.decode_tok_s / self.decode_ceiling_tok_s
+        return min(1.0, self.decode_tok_s / self.decode_ceiling_tok_s)
+
+    @property
+    def prefill_fraction(self) -> float | None:
+        """The prefill rate's share of its ceiling, never above 1."""
+        if not self.prefill_ceiling_tok_s or self.prefill_tok_s is None:
+            return None
+        return min(1.0, self.prefill_tok_s / self.prefill_ceiling_tok_s)
 
 
 @dataclass(frozen=True)
@@ -166,6 +184,12 @@ class QueueEvidence:
     queueing: str | None  # none / capacity / scheduler / None (unknown)
     kv_usage_exported: bool = True
     windows: int = 0
+    # A server of fixed slots (llama.cpp), where a request waits only when all are busy: how
+    # many, each one's context, and whether they share one KV pool (ServerSettings).
+    running_at_max_waiting: float | None = None
+    slots: int | None = None
+    slot_context_tokens: int | None = None
+    kv_unified: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -192,6 +216,89 @@ class PlanEvidence:
 
 
 @dataclass(frozen=True)
+class CapacitySearchEvidence:
+    """``--thorough``: the most users measured to meet the SLO by a search that started from
+    the planner's prediction (:mod:`pdscope.plan.measured`): ``users`` (``None``: no level met
+    it), the lowest level above that missed it, whether the bracket held when its ends were
+    measured again, and what the search cost."""
+
+    users: int | None
+    first_failing: int | None
+    held: bool | None
+    predicted_users: int | None
+    levels: int
+    stages: int
+    elapsed_s: float
+    stopped: str
+
+
+@dataclass(frozen=True)
+class OffloadEvidence:
+    """Where the server keeps the model's weights (its ``WeightPlacement``): ``on_gpu`` of them
+    in GPU memory, the rest read from system RAM each token; and what that costs, the split
+    decode ceiling against all on the GPU, where the device, the model and the CPU are known.
+    ``gpu_device`` is ``None`` when the server runs on a device that is not a GPU (one memory
+    holds every weight: nothing to move). ``slots_kv_bytes``: the KV cache its parallel slots
+    allocate at start (slots x context a slot), which takes GPU memory from the weights."""
+
+    on_gpu: float
+    source: str
+    gpu_device: str | None = None
+    device_kind: str | None = None
+    cpu_device: str | None = None
+    cpu_mem_bandwidth_gb_s: float | None = None
+    cpu_measured: bool = False
+    decode_ceiling_tok_s: float | None = None
+    all_on_gpu_tok_s: float | None = None
+    slots: int | None = None
+    slot_context_tokens: int | None = None
+    slots_kv_bytes: float | None = None
+
+    @property
+    def off_gpu(self) -> float:
+        return 1.0 - self.on_gpu
+
+
+@dataclass(frozen=True)
+class TruncationEvidence:
+    """The prompt tokens the server reported against those sent, over the run's requests
+    (:class:`pdscope.client.truncation.TruncationCount`): ``checked`` had both counts,
+    ``truncated`` fell short (``sent_tokens`` and ``reported_tokens``: the largest shortfall);
+    ``refused`` were turned away as longer than the context (``refusal``: the first one's
+    line). ``context_tokens``, ``slots`` and ``kv_unified``: the context a request may have,
+    where the server's settings say (llama.cpp: a slot's, ``-c`` over ``-np``)."""
+
+    checked: int
+    truncated: int = 0
+    sent_tokens: int | None = None
+    reported_tokens: int | None = None
+    refused: int = 0
+    refusal: str | None = None
+    context_tokens: int | None = None
+    slots: int | None = None
+    kv_unified: bool | None = None
+
+
+@dataclass(frozen=True)
+class ThinkingEvidence:
+    """The probe's requests as a reasoning model sees them: did they think before answering,
+    and for how long. ``reasoned``: some streams carried reasoning (thought) apart from the
+    answer; the times are medians over those that did: ``ttft_s`` the first token (the
+    prefill), ``ttfo_s`` the first answer token, ``thinking_s`` between the two.
+    ``answered``: of the ``runs`` that reasoned, how many reached an answer within the output
+    cap."""
+
+    reasoned: bool
+    runs: int
+    ttft_s: float | None = None
+    ttfo_s: float | None = None
+    thinking_s: float | None = None
+    reasoning_tokens: int | None = None
+    output_tokens: int | None = None
+    answered: int = 0
+
+
+@dataclass(frozen=True)
 class Evidence:
     server: ServerEvidence
     hardware: HardwareEvidence | None = None
@@ -203,6 +310,10 @@ class Evidence:
     load: LoadEvidence | None = None
     queue: QueueEvidence | None = None
     plan: PlanEvidence | None = None
+    capacity_search: CapacitySearchEvidence | None = None
+    offload: OffloadEvidence | None = None
+    truncation: TruncationEvidence | None = None
+    thinking: ThinkingEvidence | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_json(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ the predicted curve, so a reader sees at once whether the model agrees with this
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from pdscope.charts import Chart, Series
@@ -46,8 +47,9 @@ def forecast(cal: Calibration, slo: SLO, input_tokens: int, output_tokens: int,
     curve = []
     for n in wanted:
         demand = closed_loop(REQUESTS, n, lengths, stagger_s=stagger)
-        summary = simulate(demand, model, scheduler).summary()
-        curve.append((n, summary["ttft_p99_s"], summary["itl_p99_s"]))
+        result = simulate(demand, model, scheduler)
+        curve.append((n, _seconds(result.percentile("ttft", 99)),
+                      _seconds(result.percentile("itl", 99))))
     errors = cal.errors_by_part()
     return PlanEvidence(
         slo_ttft_s=slo_ttft_s, slo_itl_s=slo_itl_s, input_tokens=input_tokens,
@@ -55,6 +57,11 @@ def forecast(cal: Calibration, slo: SLO, input_tokens: int, output_tokens: int,
         best_change=best, best_change_users=best_users, curve=tuple(curve),
         fit_r_squared=model.r_squared, fit_error=max(errors.values()) if errors else None,
         assumptions=cal.assumptions)
+
+
+def _seconds(x: float) -> float | None:
+    """A simulated percentile, ``None`` where no request gave one (``nan``)."""
+    return None if math.isnan(x) else x
 
 
 def _best_change(cal: Calibration, lengths: FixedLengths, slo: SLO, users: int | None

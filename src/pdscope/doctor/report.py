@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from pdscope.doctor.run import DoctorRun
+from pdscope.doctor.run import DOCTOR_METRICS, DoctorRun, doctor_figures
+from pdscope.errors import InputError, worded
+from pdscope.figures import Figures, ResultKind, register
 from pdscope.report.fmt import human_bytes, seconds
 from pdscope.report.html import PhaseCard, render
 
@@ -19,7 +22,8 @@ def phase_cards(run: DoctorRun) -> list[PhaseCard]:
         return []
     prefill_lines = [f"{ph.prompt_tokens:,} prompt tokens, median of {ph.runs} runs"]
     if ph.ttft_floor_s is not None:
-        prefill_lines.append(f"TTFT floor on this device: {seconds(ph.ttft_floor_s)}")
+        most = "at most " if ph.ttft_floor_beaten else ""
+        prefill_lines.append(f"TTFT floor on this device: {most}{seconds(ph.ttft_floor_s)}")
     if ph.cold_ttft_s is not None:
         prefill_lines.append(f"first (cold) request: {seconds(ph.cold_ttft_s)}")
     if ev.sweep is not None:
@@ -34,13 +38,21 @@ def phase_cards(run: DoctorRun) -> list[PhaseCard]:
                             f" {human_bytes(hw.weight_bytes_read)} of weights a token")
     return [
         PhaseCard("Prefill (time to first token)", f"{seconds(ph.ttft_s)} TTFT",
-                  ph.prefill_tok_s, ph.prefill_ceiling_tok_s, "prompt tok/s", prefill_lines),
+                  ph.prefill_tok_s, ph.prefill_ceiling_tok_s, "prompt tok/s", prefill_lines,
+                  at_least=ph.prefill_ceiling_beaten),
         PhaseCard("Decode (tokens per second)", f"{ph.decode_tok_s:,.1f} tok/s",
-                  ph.decode_tok_s, ph.decode_ceiling_tok_s, "tok/s", decode_lines),
+                  ph.decode_tok_s, ph.decode_ceiling_tok_s, "tok/s", decode_lines,
+                  at_least=ph.decode_ceiling_beaten),
     ]
 
 
-def report_html(run: DoctorRun) -> str:
+def _own_name(field: str) -> str:
+    return field
+
+
+def report_html(run: DoctorRun, naming: Callable[[str], str] = _own_name) -> str:
+    """The report page; each field a note names called ``naming(field)`` (as
+    :func:`write_run`)."""
     ev = run.evidence
     sub = (f"{ev.server.kind} {ev.server.version or ''} at {ev.server.url}, model"
            f" {ev.server.model}" + (f", flags {' '.join(ev.server.flags)}" if ev.server.flags
@@ -56,24 +68,41 @@ def report_html(run: DoctorRun) -> str:
         tables.append(("Load: throughput and latency by concurrency",
                        ["streams", "done/failed", "out tok/s", "TTFT p50", "TTFT p99",
                         "ITL p50", "ITL p99", "meets SLO"], rows))
-    raw = {"evidence": ev.to_json(), "skipped": run.skipped}
+    raw = worded({"evidence": ev.to_json(), "skipped": run.skipped}, naming)
     return render(title="pdscope doctor", subtitle=sub, phases=phase_cards(run),
-                  findings=[f.to_json() for f in run.findings], charts=run.charts,
-                  tables=tables, raw=raw)
+                  findings=worded([f.to_json() for f in run.findings], naming),
+                  charts=run.charts, tables=tables, raw=raw,
+                  warnings=ev.phases.ceiling_warnings if ev.phases else ())
 
 
-def write_run(run: DoctorRun, folder: Path) -> dict[str, Path]:
-    """evidence.json, findings.json and report.html in ``folder``."""
+def write_run(run: DoctorRun, folder: Path,
+              naming: Callable[[str], str] = _own_name) -> dict[str, Path]:
+    """evidence.json, findings.json and report.html in ``folder``. A note that names a field
+    (an :class:`~pdscope.errors.Note`: a hint, a reason a part was skipped) calls it
+    ``naming(field)``: its own name by default, the flag a person typed from the CLI."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = {
         "evidence": folder / "evidence.json",
         "findings": folder / "findings.json",
         "report": folder / "report.html",
     }
-    evidence = run.evidence.to_json()
-    evidence["experiments"] = run.results
-    evidence["skipped"] = run.skipped
-    paths["evidence"].write_text(json.dumps(evidence, indent=2, default=str))
-    paths["findings"].write_text(json.dumps([f.to_json() for f in run.findings], indent=2))
-    paths["report"].write_text(report_html(run))
+    paths["evidence"].write_text(json.dumps(worded(run.saved_evidence(), naming), indent=2,
+                                            default=str))
+    paths["findings"].write_text(json.dumps(worded([f.to_json() for f in run.findings],
+                                                   naming), indent=2))
+    paths["report"].write_text(report_html(run, naming))
     return paths
+
+
+def read_doctor_folder(path: Path) -> Figures:
+    """The figures of a folder :func:`write_run` wrote. :class:`InputError` when it cannot."""
+    try:
+        evidence = json.loads((path / "evidence.json").read_text(encoding="utf-8"))
+        findings = json.loads((path / "findings.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path} is not a readable doctor folder: {exc}") from None
+    return doctor_figures(evidence, findings)
+
+
+DOCTOR = register(ResultKind("doctor", DOCTOR_METRICS, marker="findings.json",
+                             read_folder=read_doctor_folder))

@@ -13,7 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pdscope.doctor.evidence import Evidence, InterferenceEvidence
+from pdscope.doctor.evidence import (
+    CapacitySearchEvidence,
+    Evidence,
+    HardwareEvidence,
+    InterferenceEvidence,
+    PhaseEvidence,
+)
+from pdscope.errors import Field, Note
 from pdscope.experiments.probe import FAR_BELOW_CEILING, NEAR_CEILING
 from pdscope.hardware import all_devices
 from pdscope.report.fmt import seconds
@@ -88,6 +95,19 @@ def _pct(x: float) -> str:
     return f"{x:.0%}"
 
 
+def _least(beaten: bool) -> str:
+    """Before a held ceiling that a measurement beat (``roofline.Held``): it is the
+    measurement, and the real one is at least that."""
+    return "at least " if beaten else ""
+
+
+def _step_bytes(hw: HardwareEvidence, ph: PhaseEvidence) -> float | None:
+    """Bytes a decode step reads, from the specs' ceiling (a held one was raised to the
+    measurement, which says nothing about the bytes)."""
+    ceiling = ph.spec_decode_ceiling_tok_s or ph.decode_ceiling_tok_s
+    return hw.mem_bandwidth_gb_s * 1e9 / ceiling if ceiling else None
+
+
 # ------------------------------------------------------------------------------ decode
 
 
@@ -97,9 +117,9 @@ def _pct(x: float) -> str:
 
 def _ceiling_at_bits(ev: Evidence, bits: int) -> float | None:
     hw, ph = ev.hardware, ev.phases
-    if hw is None or ph is None or not ph.decode_ceiling_tok_s:
+    step_bytes = _step_bytes(hw, ph) if hw is not None and ph is not None else None
+    if hw is None or ph is None or step_bytes is None:
         return None
-    step_bytes = hw.mem_bandwidth_gb_s * 1e9 / ph.decode_ceiling_tok_s
     kv_bytes = step_bytes - hw.weight_bytes_read
     weights = hw.weight_bytes_read * (bits / 8) / hw.bytes_per_weight
     return hw.mem_bandwidth_gb_s * 1e9 / (weights + max(kv_bytes, 0.0))
@@ -128,7 +148,8 @@ def decode_near_ceiling(ev: Evidence) -> Finding:
     advice.append(_how(ev, "more_bandwidth"))
     return _fired(rid, "high", title,
                   f"decode runs at {ph.decode_tok_s:,.1f} tok/s, {_pct(frac)} of the"
-                  f" {ph.decode_ceiling_tok_s:,.0f} tok/s the memory bus allows on"
+                  f" {_least(ph.decode_ceiling_beaten)}{ph.decode_ceiling_tok_s:,.0f} tok/s"
+                  " the memory bus allows on"
                   f" {ev.hardware.device}: the hardware is the limit", data, advice)
 
 
@@ -245,6 +266,27 @@ def _queue_settled(ev: Evidence, rid: str, title: str) -> Finding | None:
     return None
 
 
+def _more_slots(ev: Evidence) -> str | None:
+    """Twice the slots, with the context that keeps each slot's share, in the family's flags."""
+    q = ev.queue
+    if q is None or not q.slots or not q.slot_context_tokens:
+        return None
+    advise = family(ev.server.kind).advise
+    slots_flag = advise("more_concurrent_sequences").setting
+    ctx_flag = advise("more_kv_memory").setting
+    if slots_flag is None or ctx_flag is None:
+        return None
+    n, ctx = 2 * q.slots, q.slot_context_tokens
+    if q.kv_unified:
+        pool = (f" and {ctx_flag} stays the pool the slots share (--kv-unified); a slot's"
+                f" context can then reach {ctx:,} tokens only while the others leave room")
+    else:
+        pool = (f" and {ctx_flag} from {q.slots * ctx:,} to {n * ctx:,}, so that each slot"
+                f" keeps its {ctx:,} tokens (the context is split between the slots)")
+    return (f"Raise {slots_flag} from {q.slots} to {n}{pool}: twice the requests run at once,"
+            " each step is longer, so check the ITL p99 again after.")
+
+
 def queueing_capacity(ev: Evidence) -> Finding:
     rid, title = "queueing-capacity", "Requests wait because the KV pool is full"
     settled = _queue_settled(ev, rid, title)
@@ -252,6 +294,9 @@ def queueing_capacity(ev: Evidence) -> Finding:
         return settled
     assert ev.queue is not None  # settled otherwise
     data, kind = _queue_evidence(ev)
+    if kind != "capacity" and ev.queue.kv_usage_at_max_waiting is None:
+        return _clear(rid, title, "requests waited for a slot, and each slot holds its own"
+                      " context: not a full pool", data)
     if kind != "capacity":
         return _clear(rid, title, f"requests waited with the KV pool at"
                       f" {_pct(ev.queue.kv_usage_at_max_waiting or 0)}: not a full pool", data)
@@ -272,6 +317,19 @@ def queueing_scheduler(ev: Evidence) -> Finding:
     data, kind = _queue_evidence(ev)
     if kind != "scheduler":
         return _clear(rid, title, "requests waited only with the KV pool near full", data)
+    if ev.queue.kv_usage_at_max_waiting is None and ev.queue.slots:
+        data |= {"slots": ev.queue.slots, "running": ev.queue.running_at_max_waiting,
+                 "slot_context_tokens": ev.queue.slot_context_tokens}
+        concrete = _more_slots(ev)
+        advice = [concrete] if concrete else []
+        advice += [_how(ev, "more_concurrent_sequences"), _how(ev, "add_replicas")]
+        busy = ev.queue.running_at_max_waiting
+        return _fired(rid, "medium", title,
+                      f"up to {ev.queue.max_waiting:.0f} requests waited with"
+                      f" {busy if busy is not None else ev.queue.slots:.0f} of"
+                      f" {ev.queue.slots} slots busy: {family(ev.server.kind).display} makes a"
+                      " request wait only when no slot is free, so the slot count caps the"
+                      " requests running at once, not memory", data, advice)
     advice = [_how(ev, "more_concurrent_sequences"), _how(ev, "larger_prefill_chunks"),
               _how(ev, "add_replicas")]
     return _fired(rid, "medium", title,
@@ -454,13 +512,14 @@ def gpu_upgrade(ev: Evidence) -> Finding:
     if hw is None or ph is None or ph.decode_ceiling_tok_s is None:
         return _missing("bigger-gpu-wont-help", "What another GPU would change",
                         "a probe with a known device and model geometry")
-    step_bytes = hw.mem_bandwidth_gb_s * 1e9 / ph.decode_ceiling_tok_s
+    step_bytes = _step_bytes(hw, ph) or 1.0
     prefill_share = ev.sweep.prefill_share(ph.prompt_tokens) if ev.sweep else None
     prefill_bound = (ph.prefill_ceiling_tok_s is not None and ph.prefill_tok_s is not None
                      and ph.prefill_tok_s >= 0.5 * ph.prefill_ceiling_tok_s)
     data: dict[str, Any] = {"device": hw.device, "mem_bandwidth_gb_s": hw.mem_bandwidth_gb_s,
                             "peak_tflops": hw.peak_tflops, "decode_fraction": ph.decode_fraction}
     rate, ceiling = ph.prefill_tok_s or 0.0, ph.prefill_ceiling_tok_s or 1.0
+    least = _least(ph.prefill_ceiling_beaten)
     if prefill_bound and hw.peak_tflops and prefill_share is not None and prefill_share > 0.5:
         faster = _alternatives(ev, "bf16_tflops", hw.peak_tflops)
         preds = [f"{d.name} ({d.bf16_tflops:,.0f} dense TFLOPS): the prefill part of the TTFT"
@@ -468,8 +527,8 @@ def gpu_upgrade(ev: Evidence) -> Finding:
                  for d in faster]
         data["predictions"] = preds
         return _fired("faster-gpu-will-help", "low", "A card with more FLOPS would cut the TTFT",
-                      f"prefill runs at {rate:,.0f} tok/s, {_pct(rate / ceiling)} of the"
-                      f" {ceiling:,.0f} tok/s the device's FLOPS allow, and it is"
+                      f"prefill runs at {rate:,.0f} tok/s, {_pct(ph.prefill_fraction or 0.0)}"
+                      f" of the {least}{ceiling:,.0f} tok/s the device's FLOPS allow, and it is"
                       f" {_pct(prefill_share)} of the {ph.ttft_s:.2f} s TTFT: prefill is"
                       " compute-bound",
                       data, [_how(ev, "faster_compute"), *preds])
@@ -542,20 +601,29 @@ def capacity(ev: Evidence) -> Finding:
            f" {plan.input_tokens:,}-token prompts and {plan.output_tokens}-token answers")
     fit = (f" (the step-time model fits this server's calibration within {_pct(plan.fit_error)})"
            if plan.fit_error is not None else "")
-    how_to = ("`pdscope plan calibrate URL` then `pdscope plan whatif CAL --slo"
-              f" ttft:{plan.slo_ttft_s * 1000:g},itl:{plan.slo_itl_s * 1000:g} --input-len"
-              f" {plan.input_tokens} --output-len {plan.output_tokens}` sets every change side"
-              " by side, other GPUs and 4-bit weights included")
+    # The what-if's options by name (``slo``, ``input_len``): the CLI names them by its flags.
+    how_to = Note("`pdscope plan calibrate URL` then `pdscope plan whatif CAL ", Field("slo"),
+                  f" ttft:{plan.slo_ttft_s * 1000:g},itl:{plan.slo_itl_s * 1000:g} ",
+                  Field("input_len"), f" {plan.input_tokens} ", Field("output_len"),
+                  f" {plan.output_tokens}` sets every change side by side, other GPUs and"
+                  " 4-bit weights included")
+    searched = ev.capacity_search
+    if searched is not None:
+        data |= {"searched_users": searched.users, "searched_first_failing":
+                 searched.first_failing, "searched_held": searched.held,
+                 "searched_levels": searched.levels, "searched_stages": searched.stages,
+                 "searched_s": searched.elapsed_s}
     if plan.predicted_users is None:
         return _fired(rid, "high", title, f"{plan.floor or 'one user alone misses the SLO'}"
-                      f" ({slo}){fit}", data, [how_to])
+                      f" ({slo}){fit}{_searched(searched)}", data, [how_to])
     said = (f"the planner predicts {_users(plan.predicted_users)} at your SLO"
             f" ({slo}){fit}")
     if measured is not None:
         said += f"; the load levels measured {_users(measured)} meeting it"
     elif ev.load is not None:
         said += "; none of the load levels measured met it"
-    advice = [how_to]
+    said += _searched(searched)
+    advice: list[str] = [how_to]
     severity: Severity = "info"
     if plan.best_change and plan.best_change_users:
         said += f"; with {plan.best_change} it would hold {_users(plan.best_change_users)}"
@@ -564,6 +632,158 @@ def capacity(ev: Evidence) -> Finding:
             advice.insert(0, f"Try {plan.best_change}: predicted {plan.best_change_users} users"
                           f" at the SLO instead of {plan.predicted_users}.")
     return Finding(rid, "fired", severity, title, said, data, tuple(advice))
+
+
+def _searched(s: CapacitySearchEvidence | None) -> str:
+    """The --thorough search's answer, as a clause of the capacity finding."""
+    if s is None:
+        return ""
+    if s.users is None:
+        return (f"; the search measured {s.levels} levels from the prediction and none met"
+                " the SLO")
+    above = "" if s.first_failing is None else f", {_users(s.first_failing)} missed it"
+    held = {True: ", the bracket held when measured again",
+            False: ", but the bracket did not hold when measured again (the load sits at the"
+                   " SLO's edge)", None: ""}[s.held]
+    return (f"; measured by a search from the prediction: {_users(s.users)} meet it{above}"
+            f"{held} ({s.levels} levels, {s.elapsed_s:.0f} s)")
+
+
+# ------------------------------------------------------------------------------ offload
+
+# Off the GPU from 1% of the weights: `ollama ps` rounds a smaller share to "100% GPU", and 1%
+# in dual channel DDR5 (90 GB/s) beside an RTX 4090 (1,008 GB/s) already costs 10% of decode.
+OFFLOAD_NOTICEABLE = 0.01
+
+
+def weights_offloaded(ev: Evidence) -> Finding:
+    """Part of the weights in system RAM: each token reads that part at the CPU's bandwidth
+    (llama.cpp issue 2641: 11 to 76 tok/s once every layer was on the GPU)."""
+    rid, title = "weights-offloaded", "Part of the weights run from system RAM"
+    o = ev.offload
+    if o is None:
+        return _missing(rid, title, "where the server keeps the weights (Ollama's /api/ps"
+                        " says; llama.cpp's -ngl and vLLM's --cpu-offload-gb when pdscope"
+                        " knows its flags)")
+    data: dict[str, Any] = {"on_gpu": o.on_gpu, "off_gpu": o.off_gpu, "source": o.source,
+                            "device": o.gpu_device, "cpu_device": o.cpu_device,
+                            "cpu_mem_bandwidth_gb_s": o.cpu_mem_bandwidth_gb_s,
+                            "decode_ceiling_tok_s": o.decode_ceiling_tok_s,
+                            "all_on_gpu_tok_s": o.all_on_gpu_tok_s,
+                            "slots": o.slots, "slot_context_tokens": o.slot_context_tokens,
+                            "slots_kv_bytes": o.slots_kv_bytes}
+    if o.gpu_device is None and o.device_kind not in (None, "gpu"):
+        return _clear(rid, title, f"the server runs on a {o.device_kind}: one memory holds"
+                      " every weight, and its bandwidth is the ceiling", data)
+    if o.off_gpu < OFFLOAD_NOTICEABLE:
+        return _clear(rid, title, f"{_pct(o.on_gpu)} of the weights are in GPU memory"
+                      f" ({o.source})", data)
+    said = f"{_pct(o.off_gpu)} of the weights run from system RAM"
+    if o.decode_ceiling_tok_s and o.all_on_gpu_tok_s:
+        cpu = f"{o.cpu_device}, {o.cpu_mem_bandwidth_gb_s:,.0f} GB/s" + (
+            "" if o.cpu_measured else ", assumed")
+        said += (f": the ceiling is {o.decode_ceiling_tok_s:,.0f} tok/s, not"
+                 f" {o.all_on_gpu_tok_s:,.0f} (each token reads that share at the CPU's"
+                 f" bandwidth, {cpu})")
+    else:
+        said += ", read at the CPU's bandwidth every token: decode slows several times"
+    said += f" ({o.source})"
+    advice = [_how(ev, "weights_on_gpu")]
+    if o.slots_kv_bytes and o.slots and o.slot_context_tokens:
+        advice.append(f"Its {o.slots} parallel slots of {o.slot_context_tokens:,} tokens hold"
+                      f" {o.slots_kv_bytes / 1e9:,.1f} GB of KV cache in GPU memory from the"
+                      " start: fewer slots or a shorter context leave that room to the"
+                      " weights.")
+    advice.append(_how(ev, "quantize_weights"))
+    return _fired(rid, "high", title, said, data, advice)
+
+
+# ------------------------------------------------------------------------------ truncation
+
+
+def prompt_truncated(ev: Evidence) -> Finding:
+    """Prompts the server cut short (Ollama past num_ctx: issues 10368, 17889, 17427) or
+    refused as longer than a request's context (llama-server's -c over -np, vLLM's
+    --max-model-len). The tolerance, max(4 tokens, 1%) of what was sent, is
+    :func:`pdscope.client.truncation.allowed_shortfall`'s, with its reason."""
+    rid, title = "prompt-truncated", "Prompts are cut short by the server's context"
+    t = ev.truncation
+    if t is None or (t.checked == 0 and t.refused == 0):
+        return _missing(rid, title, "requests whose prompt tokens both pdscope and the server"
+                        " counted (the server reports no prompt tokens)")
+    data: dict[str, Any] = {"checked": t.checked, "truncated": t.truncated,
+                            "sent_tokens": t.sent_tokens, "reported_tokens": t.reported_tokens,
+                            "refused": t.refused, "refusal": t.refusal,
+                            "context_tokens": t.context_tokens, "slots": t.slots,
+                            "kv_unified": t.kv_unified}
+    if t.truncated == 0 and t.refused == 0:
+        return _clear(rid, title, f"the server reported every prompt whole ({t.checked}"
+                      " requests checked)", data)
+    limit = (f"a request's context is {t.context_tokens:,} tokens"
+             if t.context_tokens else "the server's context per request is shorter")
+    if t.context_tokens and t.slots and t.slots > 1 and t.kv_unified is False:
+        limit += f" ({t.slots} slots share -c, {t.slots * t.context_tokens:,} tokens)"
+    parts = []
+    if t.truncated:
+        parts.append(f"{t.truncated} of {t.checked} prompts were cut short without an error"
+                     f" (sent {t.sent_tokens:,} tokens, the server kept {t.reported_tokens:,}):"
+                     " the model never saw the rest, and their TTFT is a shorter prompt's")
+    if t.refused:
+        parts.append(f"{t.refused} {'request was' if t.refused == 1 else 'requests were'}"
+                     f" refused: {t.refusal}")
+    said = "; ".join(parts) + f"; {limit}"
+    severity: Severity = "high" if t.truncated else "medium"
+    return _fired(rid, severity, title, said, data,
+                  [_how(ev, "longer_context"), _how(ev, "shorten_prompt")])
+# ------------------------------------------------------------------------------ thinking
+
+# Thinking that a person notices before the first word of the answer: half a second (what the
+# article calls a slow first token starts there), and more of the wait than the prefill.
+THINKING_NOTICEABLE_S = 0.5
+# Most of the wait: the first answer token is then a question of how long the model thinks.
+THINKING_MOST_OF_WAIT = 0.8
+
+
+def _secs(x: float) -> str:
+    return f"{x:.1f} s" if x >= 1 else f"{x:.2f} s"
+
+
+def thinking(ev: Evidence) -> Finding:
+    """A model that thinks before it answers: the first *answer* token waits for the reasoning
+    tokens, and it is not prefill (aibrix issue 1573; GuideLLM issue 737; AIPerf's time to
+    first output token)."""
+    rid, title = "thinking", "The model thinks before it answers"
+    t = ev.thinking
+    if t is None:
+        return _missing(rid, title, "a probe whose streams say which tokens were reasoning")
+    data: dict[str, Any] = {"reasoned": t.reasoned, "runs": t.runs, "ttft_s": t.ttft_s,
+                            "ttfo_s": t.ttfo_s, "thinking_s": t.thinking_s,
+                            "reasoning_tokens": t.reasoning_tokens,
+                            "output_tokens": t.output_tokens, "answered": t.answered}
+    if not t.reasoned:
+        return _clear(rid, title, "no stream carried reasoning apart from its answer: the first"
+                      " token is the answer's, and TTFT is the prefill (a server that hides the"
+                      " thought would count it in TTFT)", data)
+    advice = [_how(ev, "limit_thinking")]
+    prefill = f"prefill {_secs(t.ttft_s)}" if t.ttft_s is not None else "prefill unknown"
+    if t.answered == 0:
+        return _fired(rid, "high", title,
+                      f"{prefill}, then {t.reasoning_tokens or '?'} of {t.output_tokens or '?'}"
+                      " output tokens were reasoning: the output cap ended every run before the"
+                      " first answer token, so the answer's latency is unknown and longer",
+                      data, advice)
+    if t.thinking_s is None or t.ttfo_s is None:
+        return _missing(rid, title, "the time of the first answer token")
+    if t.thinking_s < THINKING_NOTICEABLE_S or (t.ttft_s is not None and t.thinking_s <= t.ttft_s):
+        return _clear(rid, title, f"{prefill}, thinking {_secs(t.thinking_s)}: the thought is"
+                      f" shorter than {_secs(THINKING_NOTICEABLE_S)} or than the prefill", data)
+    share = t.thinking_s / t.ttfo_s if t.ttfo_s > 0 else 1.0
+    data["thinking_share_of_ttfo"] = share
+    return _fired(rid, "high" if share >= THINKING_MOST_OF_WAIT else "medium", title,
+                  f"{prefill}, thinking {_secs(t.thinking_s)}: the first answer token comes"
+                  f" {_secs(t.ttfo_s)} after the request (TTFO), {_pct(share)} of it spent on"
+                  f" {t.reasoning_tokens or '?'} reasoning tokens, not on the prompt", data,
+                  advice)
 
 
 def _users(n: int) -> str:
@@ -585,6 +805,9 @@ RULES: tuple[Callable[[Evidence], Finding], ...] = (
     gpu_upgrade,
     disaggregation,
     capacity,
+    weights_offloaded,
+    prompt_truncated,
+    thinking,
 )
 
 

@@ -13,16 +13,9 @@ frozen result whose ``to_json()`` carries its numbers, its checks and its charts
 :class:`CeilingInputs` as ``ceiling=``, or ``dataclasses.replace`` it in afterwards).
 """
 
-from pdscope.experiments.common import (
-    CeilingInputs,
-    Chart,
-    ClientOptions,
-    LinearFit,
-    Series,
-    Span,
-    find_ceiling_inputs,
-    polyfit,
-)
+from pdscope.charts import Chart, Series, Span
+from pdscope.client import ClientOptions
+from pdscope.experiments.common import CeilingInputs, LinearFit, find_ceiling_inputs, polyfit
 from pdscope.experiments.context import (
     ContextBin,
     ContextConfig,

@@ -1,5 +1,6 @@
-"""What the experiments share: the connection to a server, prompts, least-squares fits and the
-inputs of the ceilings (chart data is :mod:`pdscope.charts`).
+"""What the experiments share: notes on how tokens were counted, least-squares fits and the
+inputs of the ceilings (the connection is :mod:`pdscope.client.connection`, chart data
+:mod:`pdscope.charts`).
 
 Every experiment follows the probe's manners: the server is detected, the model checked, a
 first request is sent and kept apart (it may pay for loading the model), every prompt is of an
@@ -12,148 +13,24 @@ them without knowing the experiment.
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import numpy as np
 
-from pdscope.charts import Chart, Series, Span
-from pdscope.client import (
-    ClientOptions,
-    RecordBuilder,
-    RequestRecord,
-    ServerInfo,
-    Target,
-    choose_target,
-    detect_server,
-    is_loopback,
-    new_session,
-    raise_for_record,
-    stream_request,
-    token_counter,
-    tokenize,
-)
-from pdscope.errors import InputError
+from pdscope import roofline
+from pdscope.client import Connection, RequestRecord, detect_server, is_loopback, new_session
+from pdscope.errors import Field, InputError, Note
 from pdscope.experiments.setup import resolve_device, resolve_model
 from pdscope.hardware import DeviceSpec
 from pdscope.model import ModelGeometry
-from pdscope.workload import Prompt, PromptBuilder
 
 ProgressFn = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: called before each request and once at the end."""
 
 
 # ------------------------------------------------------------------------------ connection
-
-
-@dataclass
-class Connection:
-    """An open session on a detected server, with a prompt builder fitted to its tokenizer."""
-
-    session: aiohttp.ClientSession
-    info: ServerInfo
-    target: Target
-    builder: PromptBuilder
-    options: ClientOptions
-    notes: list[str]
-
-    @property
-    def chat(self) -> bool:
-        return self.target.api in ("openai-chat", "ollama-chat")
-
-    async def prompt(self, n_tokens: int, index: int, *, prefix: str = "") -> Prompt:
-        """A prompt of ``n_tokens`` (by the server's tokenizer where it has one) that no other
-        index gives: a prefix cache cannot flatter it (past ``prefix``, kept whole)."""
-        return await self.builder.build(n_tokens, index, prefix=prefix)
-
-    async def send(
-        self,
-        prompt: Prompt,
-        max_tokens: int,
-        *,
-        system: Prompt | None = None,
-        watch: Callable[[RecordBuilder], None] | None = None,
-        check: bool = True,
-    ) -> RequestRecord:
-        """Stream one request. For a chat API ``system`` goes as a system message and
-        ``prompt`` as the user's; for a completions API the caller has already put any shared
-        prefix into ``prompt``. ``watch`` is handed the live record builder as soon as it
-        exists (to see tokens arrive while the stream runs). With ``check`` a failed request
-        raises :class:`RunError`."""
-        if self.chat:
-            messages = [{"role": "user", "content": prompt.text}]
-            if system is not None:
-                messages.insert(0, {"role": "system", "content": system.text})
-            record = await stream_request(self.session, self.target, messages=messages,
-                                          max_tokens=max_tokens,
-                                          timeouts=self.options.timeouts, watch=watch)
-        else:
-            if system is not None:
-                raise InputError("a completions prompt carries its prefix in its text")
-            record = await stream_request(self.session, self.target, prompt=prompt.text,
-                                          max_tokens=max_tokens,
-                                          timeouts=self.options.timeouts, watch=watch)
-        if check:
-            raise_for_record(record)
-        if record.prompt_tokens and not prompt.exact and not self.chat:
-            # A chat's count includes its template (and, for some models, a default system
-            # prompt): it would bias the tokens-a-word ratio.
-            self.builder.calibrate(prompt, record.prompt_tokens)
-        return await self.recount(record, prompt, system)
-
-    async def recount(
-        self, record: RequestRecord, prompt: Prompt, system: Prompt | None = None
-    ) -> RequestRecord:
-        """A server that sends no usage (llama-cpp-python): take the prompt count from the
-        prompt (fitted to the server's tokenizer) and count the output with that tokenizer."""
-        if not record.ok or record.token_count_source != "chunks-estimate":
-            return record
-        if self.info.tokenize_endpoint is None:
-            return record
-        ids = await tokenize(self.info, self.session, record.output_text,
-                             api_key=self.target.api_key, model=self.target.model)
-        if ids is None:
-            return record
-        prompt_tokens = record.prompt_tokens
-        if prompt.exact and (system is None or system.exact):
-            prompt_tokens = prompt.tokens + (system.tokens if system else 0)
-        return replace(record, prompt_tokens=prompt_tokens, output_tokens=len(ids),
-                       token_count_source="server-tokenizer")
-
-
-@asynccontextmanager
-async def connect(where: str | Connection, options: ClientOptions) -> AsyncIterator[Connection]:
-    """A :class:`Connection` to the server at ``where`` with ``options``: a URL is detected and
-    its model checked; an open connection is reused (same session, the server detected once)
-    with these options' model, API and seed.
-
-    Raises :class:`RunError` (one line) when nothing answers or the model is not served."""
-    if isinstance(where, Connection):
-        yield _open(where.session, where.info, options)
-        return
-    async with new_session() as session:
-        info = await detect_server(where, session, api_key=options.api_key)
-        yield _open(session, info, options)
-
-
-def _open(session: aiohttp.ClientSession, info: ServerInfo,
-          options: ClientOptions) -> Connection:
-    target = choose_target(info, model=options.model, api=options.api, api_key=options.api_key,
-                           fixed_output=options.fixed_output)
-    notes: list[str] = []
-    count = token_counter(info, session, target)
-    seed = options.seed if options.seed is not None else random.SystemRandom().randrange(1 << 30)
-    if count is None:
-        notes.append("the server has no tokenizer endpoint: prompt lengths were estimated"
-                      " and calibrated from the reported prompt_tokens")
-    elif target.api in ("openai-chat", "ollama-chat"):
-        notes.append("message texts are of exact length by the server's tokenizer; the"
-                     " chat template adds its own tokens (in the reported prompt_tokens)")
-    return Connection(session, info, target, PromptBuilder(count, base_seed=seed), options, notes)
 
 
 def output_notes(records: Sequence[RequestRecord], max_tokens: int) -> list[str]:
@@ -183,6 +60,33 @@ class CeilingInputs:
     @property
     def known(self) -> bool:
         return self.device is not None and self.model is not None
+
+    def _peak_tflops(self) -> float | None:
+        assert self.model is not None and self.device is not None
+        peak = roofline.peak_flops(self.model, self.device)
+        return peak / 1e12 if peak else None
+
+    def hold_rate(self, measured: float | None, ceiling: float | None,
+                  phase: str) -> roofline.Held | None:
+        """A measured ``phase`` rate ("decode" or "prefill") beside its ceiling, the share
+        never above 1; ``None`` when either is unknown."""
+        if measured is None or not ceiling or not self.known:
+            return None
+        assert self.device is not None
+        return roofline.hold_rate(measured, ceiling, phase=phase, device=self.device.name,
+                                  measured_device=self.device.measured,
+                                  mem_bandwidth_gb_s=self.device.mem_bandwidth_gb_s,
+                                  peak_tflops=self._peak_tflops())
+
+    def hold_ttft(self, measured_s: float | None, floor_s: float | None) -> roofline.Held | None:
+        """A measured TTFT beside the roofline's floor, which may not be above it."""
+        if measured_s is None or not floor_s or not self.known:
+            return None
+        assert self.device is not None
+        return roofline.hold_ttft(measured_s, floor_s, device=self.device.name,
+                                  measured_device=self.device.measured,
+                                  peak_tflops=self._peak_tflops(),
+                                  mem_bandwidth_gb_s=self.device.mem_bandwidth_gb_s)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -219,12 +123,12 @@ async def find_ceiling_inputs(
             info = await detect_server(where, session, api_key=api_key)
             model, source = await resolve_model(info, session, model_name, model_config,
                                                 server_is_local=local, api_key=api_key)
-    spec = resolve_device(device, local)
+    spec = resolve_device(device, local, model)
     notes: list[str] = []
     if model is None and source:
-        notes.append(f"no ceiling: {source}")
+        notes.append(Note("no ceiling: ", source))
     if spec is None:
-        notes.append("no ceiling: the device is unknown (give --device)")
+        notes.append(Note("no ceiling: the device is unknown (give ", Field("device"), ")"))
     return CeilingInputs(spec, model, source if model else None, tuple(notes))
 
 
@@ -298,7 +202,7 @@ def median(values: Sequence[float]) -> float | None:
     return float(np.median(np.asarray(values, dtype=float))) if values else None
 
 
-def parse_counts(text: str, what: str = "--prompt-tokens") -> tuple[int, ...]:
+def parse_counts(text: str, what: str = "prompt_tokens") -> tuple[int, ...]:
     """``"200,500,1000"`` (also ``1k``, ``2e3``) as whole counts, at least 1, sorted and
     without repeats."""
     out: set[int] = set()
@@ -319,6 +223,5 @@ def parse_counts(text: str, what: str = "--prompt-tokens") -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-__all__ = ["CeilingInputs", "Chart", "ClientOptions", "Connection", "LinearFit", "ProgressFn",
-           "Series", "Span", "connect", "find_ceiling_inputs", "median", "output_notes",
-           "parse_counts", "polyfit"]
+__all__ = ["CeilingInputs", "LinearFit", "ProgressFn", "find_ceiling_inputs", "median",
+           "output_notes", "parse_counts", "polyfit"]

@@ -15,25 +15,24 @@ so ``d(step time)/d(context) = kv_bytes_per_token / bandwidth``.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pdscope import roofline
 from pdscope.charts import Chart, Series
-from pdscope.client import RequestRecord, ServerInfo, Target
-from pdscope.client.options import at_least
-from pdscope.errors import InputError
+from pdscope.checks import at_least
+from pdscope.client import ClientOptions, Connection, RequestRecord, ServerInfo, Target, connect
+from pdscope.errors import Field, InputError
 from pdscope.experiments.common import (
     CeilingInputs,
-    ClientOptions,
-    Connection,
     LinearFit,
     ProgressFn,
-    connect,
     median,
     output_notes,
     polyfit,
 )
+from pdscope.figures import DECODE_RATE, Figures, ResultKind, experiment_figures, number, register
 from pdscope.roofline import GB
 from pdscope.workload import Prompt
 
@@ -54,10 +53,11 @@ class ContextConfig(ClientOptions):
         at_least(self.runs, 1, "runs")
         at_least(self.bin_tokens, 1, "bin_tokens")
         if self.max_tokens < 2 * self.bin_tokens:
-            raise InputError(f"max_tokens must be at least two bins ({2 * self.bin_tokens}"
-                             " tokens) to see the decode rate move")
+            raise InputError(Field("max_tokens"), " must be at least two bins"
+                             f" ({2 * self.bin_tokens} tokens) to see the decode rate move")
         if not self.prompt_tokens or min(self.prompt_tokens) < 1:
-            raise InputError("prompt_tokens: give one or more lengths of at least 1 token")
+            raise InputError(Field("prompt_tokens"),
+                             ": give one or more lengths of at least 1 token")
 
 
 @dataclass(frozen=True)
@@ -84,17 +84,21 @@ class ContextBin:
 
 
 def context_bins(
-    runs: list[tuple[int, tuple[float, ...]]], bin_tokens: int
+    runs: list[tuple[int, tuple[float, ...], int]], bin_tokens: int
 ) -> list[ContextBin]:
-    """Bin per-token ITLs by output position. ``runs``: (prompt tokens, ITLs) of each request;
-    gap ``j`` (between output tokens ``j`` and ``j + 1``) is the step that read ``prompt + j +
-    1`` tokens of KV. A bin holding fewer than a quarter of ``bin_tokens`` gaps (the ragged end)
-    is left out: its median would rest on a handful of steps."""
+    """Bin per-token ITLs by output position. ``runs``: (prompt tokens, ITLs, index of the
+    first gap) of each request; gap ``j`` (between output tokens ``j`` and ``j + 1``) is the
+    step that read ``prompt + j + 1`` tokens of KV. The first gap is gap 0 unless the first
+    chunk brought several tokens (a server short of CPU sends what piled up in one write): the
+    tokens of the first chunk have no gap, and the first measured one is
+    :attr:`~pdscope.client.record.RequestRecord.first_gap_index`. A bin holding fewer than a
+    quarter of ``bin_tokens`` gaps (the ragged end, or a start the first chunk swallowed) is
+    left out: its median would rest on a handful of steps."""
     if bin_tokens < 1:
-        raise InputError("--bin-tokens must be at least 1")
+        raise InputError(Field("bin_tokens"), " must be at least 1")
     gathered: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)
-    for prompt, itl in runs:
-        for j, gap in enumerate(itl):
+    for prompt, itl, first in runs:
+        for j, gap in enumerate(itl, start=first):
             gathered[(prompt, j // bin_tokens)].append((j, gap))
     out: list[ContextBin] = []
     for (prompt, _), items in sorted(gathered.items()):
@@ -130,7 +134,7 @@ class ContextResult:
 
     @property
     def bins(self) -> list[ContextBin]:
-        runs = [(r.prompt_tokens or p.tokens, r.itl_s)
+        runs = [(r.prompt_tokens or p.tokens, r.itl_s, r.first_gap_index)
                 for r, p in zip(self.records, self.prompts, strict=True)]
         return context_bins(runs, self.config.bin_tokens)
 
@@ -159,6 +163,21 @@ class ContextResult:
             return None
         return roofline.decode_ceiling(ci.model, ci.device, round(context))
 
+    def held_at(self, b: ContextBin) -> roofline.Held | None:
+        """A bin's decode rate beside the ceiling at its context, the share never above 1."""
+        c = self.ceiling_at(b.context)
+        return self.ceiling.hold_rate(b.decode_tok_s, c.tok_s if c else None, "decode")
+
+    @property
+    def ceiling_warnings(self) -> tuple[str, ...]:
+        """The first bin whose decode rate beat its ceiling, in words (one is enough: the
+        same spec is low in every bin)."""
+        for b in self.bins:
+            held = self.held_at(b)
+            if held is not None and held.warning is not None:
+                return (f"at {b.context:,.0f} tokens of context, {held.warning}",)
+        return ()
+
     @property
     def slope_predicted(self) -> float | None:
         """The roofline's β: KV bytes one more token of context adds to a step's read, over
@@ -185,10 +204,11 @@ class ContextResult:
         out: dict[str, Any] = {}
         for key, b in (("first", bins[0]), ("last", bins[-1])):
             c = self.ceiling_at(b.context)
+            held = self.held_at(b)
             out[key] = {"context": b.context, "decode_tok_s": b.decode_tok_s,
                         "itl_median_s": b.itl_median_s,
-                        "decode_ceiling_tok_s": c.tok_s if c else None,
-                        "fraction_of_ceiling": b.decode_tok_s / c.tok_s if c else None,
+                        "decode_ceiling_tok_s": held.ceiling if held else None,
+                        "fraction_of_ceiling": held.share if held else None,
                         "kv_share_of_step": c.kv_share if c else None}
         return out
 
@@ -284,10 +304,24 @@ class ContextResult:
             "cold": {"ttft_s": self.cold.ttft_s, "decode_tok_s": self.cold.decode_tok_s},
             "charts": [c.to_json() for c in self.charts()],
             "notes": [*self.notes, *ci.notes],
+            "ceiling_warnings": list(self.ceiling_warnings),
         }
         if raw:
             out["requests"] = [r.to_dict() for r in (self.cold, *self.records)]
         return out
+
+    def figures(self) -> Figures:
+        return context_figures(self.to_json())
+
+
+def context_figures(d: Mapping[str, Any]) -> Figures:
+    """A context sweep's figure: the decode rate at the shortest context it measured."""
+    first = d.get("first")
+    rate = number(first.get("decode_tok_s")) if isinstance(first, Mapping) else None
+    return experiment_figures(d, (DECODE_RATE,), decode_tok_s=rate)
+
+
+CONTEXT = register(ResultKind("context", (DECODE_RATE,), from_json=context_figures))
 
 
 async def run_context(

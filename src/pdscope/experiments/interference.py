@@ -19,24 +19,27 @@ length. Two runs with the same workload (see :meth:`InterferenceResult.signature
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
 from pdscope import roofline
 from pdscope.charts import Chart, Series, Span
-from pdscope.client import RecordBuilder, RequestRecord, ServerInfo, Target, raise_for_record
-from pdscope.client.options import at_least
-from pdscope.errors import InputError, RunError
-from pdscope.experiments.common import (
-    CeilingInputs,
+from pdscope.checks import at_least
+from pdscope.client import (
     ClientOptions,
     Connection,
-    ProgressFn,
+    RecordBuilder,
+    RequestRecord,
+    ServerInfo,
+    Target,
     connect,
-    output_notes,
+    raise_for_record,
 )
+from pdscope.errors import Field, InputError, Note, RunError
+from pdscope.experiments.common import CeilingInputs, ProgressFn, output_notes
+from pdscope.figures import Figures, Metric, ResultKind, experiment_figures, number, register
 from pdscope.stats import percentile
 from pdscope.units import NS
 from pdscope.workload import Prompt
@@ -68,10 +71,12 @@ class InterferenceConfig(ClientOptions):
         at_least(self.inject_tokens, 1, "inject_tokens")
         at_least(self.inject_max_tokens, 1, "inject_max_tokens")
         if self.settle_tokens < 2:
-            raise InputError("settle_tokens must be at least 2 (a gap before the injection)")
+            raise InputError(Field("settle_tokens"),
+                             " must be at least 2 (a gap before the injection)")
         if self.stream_tokens < 2 * self.settle_tokens:
-            raise InputError("stream_tokens must leave the streams decoding after the injection:"
-                             f" at least twice settle_tokens ({2 * self.settle_tokens})")
+            raise InputError(Field("stream_tokens"), " must leave the streams decoding after the"
+                             " injection: at least twice ", Field("settle_tokens"),
+                             f" ({2 * self.settle_tokens})")
 
 
 @dataclass(frozen=True)
@@ -203,11 +208,39 @@ class InterferenceResult:
         if not ci.known:
             return {"inject_ttft_floor_s": None, "batched_step_floor_s": None}
         assert ci.model is not None and ci.device is not None
-        floor = roofline.prefill_ceiling(ci.model, ci.device, max(1, self.inject_tokens))
+        floor, step = self.floors_held()
+        return {"inject_ttft_floor_s": floor.limit if floor else None,
+                "inject_ttft_floor_beaten": floor.beaten if floor else None,
+                "batched_step_floor_s": step.limit if step else None,
+                "batched_step_floor_beaten": step.beaten if step else None}
+
+    def floors_held(self) -> tuple[roofline.Held | None, roofline.Held | None]:
+        """The injected prompt's TTFT beside its floor, and the streams' median gap before it
+        beside the floor of a step of them all: neither floor may be above what was
+        measured."""
+        ci = self.ceiling
+        if not ci.known:
+            return None, None
+        assert ci.model is not None and ci.device is not None
+        pc = roofline.prefill_ceiling(ci.model, ci.device, max(1, self.inject_tokens))
         ctx = self.config.stream_prompt_tokens + self.config.stream_tokens // 2
         step = roofline.batched_decode(ci.model, ci.device, self.config.streams,
                                        ctx if ci.model.has_attention_shape else 0)
-        return {"inject_ttft_floor_s": floor.ttft_s, "batched_step_floor_s": step.step_s}
+        before, _, _ = self.windows()
+        floor = ci.hold_ttft(self.inject_ttft_s if self.inject_ttft_s > 0 else None, pc.ttft_s)
+        step_held = None
+        if before.itl_p50_s and step.step_s > 0:
+            spec, why = roofline.bandwidth_spec(ci.device.name, ci.device.mem_bandwidth_gb_s,
+                                                ci.device.measured)
+            step_held = roofline.hold(before.itl_p50_s, step.step_s,
+                                      what=f"step of {self.config.streams} streams (ITL p50)",
+                                      unit="s", spec=spec, why=why, kind="floor")
+        return floor, step_held
+
+    @property
+    def ceiling_warnings(self) -> tuple[str, ...]:
+        return tuple(h.warning for h in self.floors_held()
+                     if h is not None and h.warning is not None)
 
     def charts(self) -> list[Chart]:
         gaps = self.gaps
@@ -262,10 +295,26 @@ class InterferenceResult:
                           "gap_s": g.length, "tokens": g.tokens} for g in self.gaps],
             "charts": [c.to_json() for c in self.charts()],
             "notes": [*self.notes, *self.ceiling.notes],
+            "ceiling_warnings": list(self.ceiling_warnings),
         }
         if raw:
             out["requests"] = [r.to_dict() for r in (self.warmup, *self.streams, self.inject)]
         return out
+
+    def figures(self) -> Figures:
+        return interference_figures(self.to_json())
+
+
+PREFILL_STALL = Metric("prefill_stall_s", "prefill stall", True, "s")
+
+
+def interference_figures(d: Mapping[str, Any]) -> Figures:
+    """An interference run's figure: the decode stall the injected prefill caused."""
+    return experiment_figures(d, (PREFILL_STALL,), prefill_stall_s=number(d.get("stall_s")))
+
+
+INTERFERENCE = register(ResultKind("interference", (PREFILL_STALL,),
+                                   from_json=interference_figures))
 
 
 @dataclass(frozen=True)
@@ -394,7 +443,7 @@ async def run_interference(
     result = InterferenceResult(info, target, config, warmup, tuple(streams), inject,
                                 inject_prompt, ceiling or CeilingInputs(), tuple(notes))
     if result.windows()[2].gaps < config.streams:
-        result = replace(result, notes=(*result.notes, "the streams ended before the injected"
-                                        " prefill did: nothing is known of after it (raise"
-                                        " --stream-tokens)"))
+        result = replace(result, notes=(*result.notes, Note(
+            "the streams ended before the injected prefill did: nothing is known of after it"
+            " (raise ", Field("stream_tokens"), ")")))
     return result

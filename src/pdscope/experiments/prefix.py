@@ -17,23 +17,17 @@ threshold are in :func:`detection_threshold`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pdscope import roofline
 from pdscope.charts import Chart, Series
-from pdscope.client import RequestRecord, ServerInfo, Target
-from pdscope.client.options import at_least
-from pdscope.errors import PdscopeError
-from pdscope.experiments.common import (
-    CeilingInputs,
-    ClientOptions,
-    Connection,
-    ProgressFn,
-    connect,
-    median,
-    output_notes,
-)
+from pdscope.checks import at_least
+from pdscope.client import ClientOptions, Connection, RequestRecord, ServerInfo, Target, connect
+from pdscope.errors import Field, Note, PdscopeError
+from pdscope.experiments.common import CeilingInputs, ProgressFn, median, output_notes
+from pdscope.figures import Figures, Metric, ResultKind, experiment_figures, number, register
 from pdscope.metrics import scrape
 from pdscope.servers import detect_metric_map
 from pdscope.stats import Summary, summarize
@@ -174,8 +168,9 @@ class PrefixResult:
     def verdict(self) -> str:
         detected, saved = self.prefix_cache_detected, self.ttft_saved_s
         if detected is None:
-            return ("The prefix is too small a share of the prompt to tell a cache from noise:"
-                    " raise --prefix-tokens or lower --suffix-tokens.")
+            return Note("The prefix is too small a share of the prompt to tell a cache from"
+                        " noise: raise ", Field("prefix_tokens"), " or lower ",
+                        Field("suffix_tokens"), ".")
         if detected:
             text = (f"Prefix caching works: a request that repeats the {self.prefix.tokens:,}-"
                     f"token prefix starts {saved:.2f} s sooner than one that does not"
@@ -200,7 +195,28 @@ class PrefixResult:
         floor = roofline.prefill_ceiling(ci.model, ci.device, max(1, self.prefix.tokens))
         kv = (roofline.kv_bytes_per_request(ci.model, self.prefix.tokens)
               if ci.model.has_attention_shape else None)
-        return {"prefix_ttft_floor_s": floor.ttft_s, "prefix_kv_bytes": kv}
+        held = self.floor_held
+        return {"prefix_ttft_floor_s": held.limit if held else floor.ttft_s,
+                "prefix_ttft_floor_beaten": held.beaten if held else None,
+                "prefix_kv_bytes": kv}
+
+    @property
+    def floor_held(self) -> roofline.Held | None:
+        """The prefix's TTFT floor beside the median TTFT of a unique prompt, which computes
+        the prefix and more: the floor may not be above it."""
+        ci, u = self.ceiling, self.ttft_unique
+        if not ci.known or u is None:
+            return None
+        assert ci.model is not None and ci.device is not None
+        floor = roofline.prefill_ceiling(ci.model, ci.device, max(1, self.prefix.tokens))
+        return ci.hold_ttft(u.median, floor.ttft_s)
+
+    @property
+    def ceiling_warnings(self) -> tuple[str, ...]:
+        held = self.floor_held
+        if held is None or held.warning is None:
+            return ()
+        return (f"a unique prompt, longer than the prefix alone: {held.warning}",)
 
     def charts(self) -> list[Chart]:
         w, u = self.ttft_warm, self.ttft_unique
@@ -271,11 +287,27 @@ class PrefixResult:
             "warmup": {"ttft_s": self.warmup.ttft_s},
             "charts": [c.to_json() for c in self.charts()],
             "notes": [*self.notes, *self.ceiling.notes],
+            "ceiling_warnings": list(self.ceiling_warnings),
         }
         if raw:
             out["requests"] = [r.to_dict() for r in (self.warmup, self.cold, *self.warm,
                                                      *self.unique)]
         return out
+
+    def figures(self) -> Figures:
+        return prefix_figures(self.to_json())
+
+
+TTFT_SAVED = Metric("ttft_saved_share", "TTFT saved by the prefix cache", False, "share")
+
+
+def prefix_figures(d: Mapping[str, Any]) -> Figures:
+    """A prefix test's figure: the share of the TTFT its cached prefix saved."""
+    return experiment_figures(d, (TTFT_SAVED,),
+                              ttft_saved_share=number(d.get("ttft_saved_share")))
+
+
+PREFIX = register(ResultKind("prefix", (TTFT_SAVED,), from_json=prefix_figures))
 
 
 class _HitCounter:
@@ -397,8 +429,9 @@ async def run_prefix(
     if ratio is not None and ratio < COLD_ALREADY_CACHED:
         result = replace(result, notes=(
             *result.notes,
-            f"the cold request was already {ratio:.0%} of a unique prompt's TTFT: the prefix"
-            " was probably cached before this run (the same --seed again, or another client)",
+            Note(f"the cold request was already {ratio:.0%} of a unique prompt's TTFT: the"
+                 " prefix was probably cached before this run (the same ", Field("seed"),
+                 " again, or another client)"),
         ))
     return result
 

@@ -11,13 +11,18 @@ decode beside the single-stream ceiling of the model on the device.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pdscope import roofline
-from pdscope.client import ClientOptions, RequestRecord, ServerInfo, Target
-from pdscope.client.options import at_least
-from pdscope.experiments.common import Connection, ProgressFn, connect, output_notes
+from pdscope.checks import at_least
+from pdscope.client import ClientOptions, Connection, RequestRecord, ServerInfo, Target, connect
+from pdscope.client.record import request_series
+from pdscope.client.truncation import TruncationCount, count_truncation, truncation_warning
+from pdscope.errors import Field, Note
+from pdscope.experiments.common import ProgressFn, output_notes
+from pdscope.figures import REQUEST_METRICS, Figures, ResultKind, number, register, scalars
 from pdscope.hardware import DeviceSpec
 from pdscope.model import ModelGeometry
 from pdscope.stats import Summary, percentile, summarize
@@ -30,12 +35,18 @@ NEAR_CEILING = 0.7
 FAR_BELOW_CEILING = 0.3
 
 
-def ceiling_verdict(fraction: float | None) -> str:
-    """One sentence on what a measured fraction of the decode ceiling means."""
+def ceiling_verdict(fraction: float | None, beaten: bool = False) -> str:
+    """One sentence on what a measured fraction of the decode ceiling means; ``beaten``: the
+    measurement was above the ceiling the specs gave (``roofline.Held``)."""
     if fraction is None:
+        return Note(
+            "The ceiling is unknown: give ", Field("device"), " and ", Field("model_config"),
+            " (or probe a local server) to see how far this is from what the hardware allows.")
+    if beaten:
         return (
-            "The ceiling is unknown: give --device and --model-config (or probe a local server)"
-            " to see how far this is from what the hardware allows."
+            "Decode ran faster than the memory-bandwidth ceiling the specs give: that ceiling"
+            " is wrong (see the warning), so how close decode is to the hardware's real limit"
+            " is unknown; the ceiling is taken as at least the measured rate."
         )
     pct = f"{fraction:.0%}"
     if fraction >= NEAR_CEILING:
@@ -104,6 +115,26 @@ class ProbeResult:
         return summarize(r.e2e_s for r in self.runs)
 
     @property
+    def reasoned(self) -> bool:
+        """The model thought before it answered (its streams carried reasoning)."""
+        return any(r.reasoned for r in self.runs)
+
+    @property
+    def ttfo(self) -> Summary | None:
+        """The time to the first answer token, of the runs that reasoned."""
+        return summarize(r.ttfo_s for r in self.runs if r.reasoned)
+
+    @property
+    def thinking(self) -> Summary | None:
+        """From the first token to the first answer token: the thinking."""
+        return summarize(r.thinking_s for r in self.runs)
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        counts = sorted(r.reasoning_tokens for r in self.runs if r.reasoning_tokens is not None)
+        return counts[len(counts) // 2] if counts else None
+
+    @property
     def itl_all(self) -> list[float]:
         return [gap for r in self.runs for gap in r.itl_s]
 
@@ -155,12 +186,26 @@ class ProbeResult:
         ctx = self.mean_context if self.model.has_attention_shape else 0
         return roofline.decode_ceiling(self.model, self.device, ctx)
 
+    def _hold(self, measured: float, ceiling: float, phase: str) -> roofline.Held:
+        assert self.device is not None and self.model is not None
+        peak = roofline.peak_flops(self.model, self.device)
+        return roofline.hold_rate(measured, ceiling, phase=phase, device=self.device.name,
+                                  measured_device=self.device.measured,
+                                  mem_bandwidth_gb_s=self.device.mem_bandwidth_gb_s,
+                                  peak_tflops=peak / 1e12 if peak else None)
+
     @property
-    def decode_fraction(self) -> float | None:
+    def decode_held(self) -> roofline.Held | None:
+        """The median decode rate beside its ceiling, the share never above 1."""
         c, d = self.decode_ceiling, self.decode
         if c is None or d is None:
             return None
-        return d.median / c.tok_s
+        return self._hold(d.median, c.tok_s, "decode")
+
+    @property
+    def decode_fraction(self) -> float | None:
+        held = self.decode_held
+        return held.share if held is not None else None
 
     @property
     def prefill_ceiling(self) -> roofline.PrefillCeiling | None:
@@ -171,16 +216,53 @@ class ProbeResult:
         )
 
     @property
-    def prefill_fraction(self) -> float | None:
+    def prefill_held(self) -> roofline.Held | None:
+        """The median prefill rate beside its ceiling, the share never above 1."""
         c, p = self.prefill_ceiling, self.prefill
         if c is None or c.tok_s is None or p is None:
             return None
-        return p.median / c.tok_s
+        return self._hold(p.median, c.tok_s, "prefill")
+
+    @property
+    def prefill_fraction(self) -> float | None:
+        held = self.prefill_held
+        return held.share if held is not None else None
+
+    @property
+    def ttft_held(self) -> roofline.Held | None:
+        """The median TTFT beside the prefill's floor, which may not be above it."""
+        c, t = self.prefill_ceiling, self.ttft
+        if c is None or c.ttft_s is None or t is None or self.device is None:
+            return None
+        assert self.model is not None
+        peak = roofline.peak_flops(self.model, self.device)
+        return roofline.hold_ttft(t.median, c.ttft_s, device=self.device.name,
+                                  measured_device=self.device.measured,
+                                  peak_tflops=peak / 1e12 if peak else None,
+                                  mem_bandwidth_gb_s=self.device.mem_bandwidth_gb_s)
+
+    @property
+    def ceiling_warnings(self) -> tuple[str, ...]:
+        """A sentence for each ceiling (or floor) a measurement beat: which spec was low."""
+        held = (self.prefill_held, self.ttft_held, self.decode_held)
+        return tuple(h.warning for h in held if h is not None and h.warning is not None)
+
+    @property
+    def truncation(self) -> TruncationCount:
+        """Prompts the server cut short, the cold run's included."""
+        return count_truncation([self.cold, *self.runs])
+
+    @property
+    def truncation_warning(self) -> str | None:
+        """One line when the server cut any prompt short (its TTFT is a shorter prompt's)."""
+        return truncation_warning(self.truncation)
 
     def to_json(self) -> dict[str, Any]:
         ttft, prefill, decode, e2e = self.ttft, self.prefill, self.decode, self.e2e
+        ttfo, thinking = self.ttfo, self.thinking
         itl = self.itl_all
         dc, pc = self.decode_ceiling, self.prefill_ceiling
+        dh, ph, th = self.decode_held, self.prefill_held, self.ttft_held
         return {
             "server": self.server.kind,
             "server_version": self.server.version,
@@ -194,6 +276,7 @@ class ProbeResult:
             "output_tokens": self.output_tokens,
             "token_count_source": self.token_count_source,
             "prompt_exact": all(p.exact for p in self.prompts),
+            "truncated_prompts": self.truncation.truncated,
             "ttft_s": ttft.median if ttft else None,
             "prefill_tok_s": prefill.median if prefill else None,
             "prefill_source": self.prefill_source,
@@ -202,6 +285,9 @@ class ProbeResult:
             "itl_p50_s": percentile(itl, 50),
             "itl_p99_s": percentile(itl, 99),
             "e2e_s": e2e.median if e2e else None,
+            "ttfo_s": ttfo.median if ttfo else None,
+            "thinking_s": thinking.median if thinking else None,
+            "reasoning_tokens": self.reasoning_tokens,
             "spread": {
                 "ttft_s": ttft.to_json() if ttft else None,
                 "prefill_tok_s": prefill.to_json() if prefill else None,
@@ -213,12 +299,17 @@ class ProbeResult:
             "mem_bandwidth_gb_s": self.device.mem_bandwidth_gb_s if self.device else None,
             "model_source": self.model_source,
             "weight_bytes_read_per_token": self.model.read_weight_bytes() if self.model else None,
-            "decode_ceiling_tok_s": dc.tok_s if dc else None,
+            "decode_ceiling_tok_s": dh.ceiling if dh else (dc.tok_s if dc else None),
             "decode_ceiling_context": dc.context if dc else None,
             "decode_fraction_of_ceiling": self.decode_fraction,
-            "prefill_ceiling_tok_s": pc.tok_s if pc else None,
+            "prefill_ceiling_tok_s": ph.ceiling if ph else (pc.tok_s if pc else None),
             "prefill_fraction_of_ceiling": self.prefill_fraction,
-            "verdict": ceiling_verdict(self.decode_fraction),
+            "ttft_floor_s": th.limit if th else (pc.ttft_s if pc else None),
+            "held": {"decode": dh.to_json() if dh else None,
+                     "prefill": ph.to_json() if ph else None,
+                     "ttft": th.to_json() if th else None},
+            "ceiling_warnings": list(self.ceiling_warnings),
+            "verdict": ceiling_verdict(self.decode_fraction, bool(dh and dh.beaten)),
             "cold": {
                 "ttft_s": self.cold.ttft_s,
                 "decode_tok_s": self.cold.decode_tok_s,
@@ -230,7 +321,40 @@ class ProbeResult:
             },
             "notes": list(self.notes),
             "requests": [r.to_dict() for r in (self.cold, *self.runs)],
+            # What the user added to every request (header values redacted), where anything.
+            **({} if self.target.fields.empty
+               else {"request_fields": self.target.fields.to_json()}),
         }
+
+    def figures(self) -> Figures:
+        return probe_figures(self.to_json())
+
+
+def measured_requests(d: Mapping[str, Any]) -> list[Any]:
+    """The measured requests of a probe's JSON, without the cold one (first, reported apart)."""
+    records = list(d.get("requests") or [])
+    runs = d.get("runs")
+    if isinstance(runs, int) and 0 < runs < len(records):
+        records = records[-runs:]
+    return records
+
+
+def probe_figures(d: Mapping[str, Any]) -> Figures:
+    """A probe's figures from its JSON: its measured requests (not the cold one, reported
+    apart), else, in a file written without them, its medians."""
+    identity = {k: d.get(k) for k in ("model", "server", "server_version", "prompt_tokens",
+                                      "output_tokens")}
+    series = request_series(measured_requests(d))
+    values = {} if series else scalars(
+        decode_tok_s=number(d.get("decode_tok_s")), prefill_tok_s=number(d.get("prefill_tok_s")),
+        itl_p50_s=number(d.get("itl_p50_s")), itl_p99_s=number(d.get("itl_p99_s")),
+        ttft_p50_s=number(d.get("ttft_s")))
+    return Figures("probe", REQUEST_METRICS, identity, series, values)
+
+
+PROBE = register(ResultKind(
+    "probe", REQUEST_METRICS, from_json=probe_figures,
+    recognise=lambda d: "decode_tok_s" in d and "prompt_tokens_requested" in d))
 
 
 async def run_probe(

@@ -13,23 +13,29 @@ import aiohttp
 from pdscope import lab
 from pdscope.client import ServerInfo
 from pdscope.client.session import get_json
-from pdscope.errors import PdscopeError
-from pdscope.hardware import DeviceSpec, detect_local_device, find_device
+from pdscope.errors import Field, Note, PdscopeError
+from pdscope.hardware import DeviceSpec, detect_local_device, find_device, prefill_shapes
 from pdscope.metrics import scrape
 from pdscope.model import ModelGeometry, geometry_from_ollama_show, load_model
 from pdscope.servers import ServerSettings
 from pdscope.servers.family import MODELS_PATH
 
 
-def resolve_device(device: str | None, server_is_local: bool) -> DeviceSpec | None:
+def resolve_device(
+    device: str | None, server_is_local: bool, model: ModelGeometry | None = None
+) -> DeviceSpec | None:
     """``--device`` if given (``local`` measures this machine); a server on this machine is
-    measured here by default; otherwise unknown."""
+    measured here by default; otherwise unknown. A CPU's FLOPS are measured on the shapes of
+    ``model``'s prefill step where it is known (tokens x hidden by hidden x hidden and x
+    intermediate), as the server multiplies."""
+    shapes = prefill_shapes(model.hidden_size if model else None,
+                            model.intermediate_size if model else None)
     if device:
         if device.strip().lower() == "local":
-            return detect_local_device(probe_cpu=True)
+            return detect_local_device(probe_cpu=True, matmul_shapes=shapes)
         return find_device(device)
     if server_is_local:
-        return detect_local_device(probe_cpu=True)
+        return detect_local_device(probe_cpu=True, matmul_shapes=shapes)
     return None
 
 
@@ -67,7 +73,7 @@ async def resolve_model(
                     f"{family.name} {family.model_info_path}")
         return None, f"{family.display}'s {family.model_info_path} gave no model_info"
     if not server_is_local:
-        return None, "the server is remote: give --model-config"
+        return None, Note("the server is remote: give ", Field("model_config"))
     answers: dict[str, Any] = {}
     for endpoint in (MODELS_PATH, *family.settings_paths):
         answers[endpoint] = await get_json(session, root + endpoint, api_key=api_key)
@@ -83,7 +89,7 @@ async def resolve_model(
             return load_model(path), str(path)
         except PdscopeError:
             continue
-    return None, "the model's files are not known: give --model-config"
+    return None, Note("the model's files are not known: give ", Field("model_config"))
 
 
 async def read_settings(
@@ -110,9 +116,10 @@ async def read_settings(
 
 
 def lab_flags(url: str) -> tuple[str, ...]:
-    """The engine flags a running lab server at ``url`` was started with (``()`` otherwise)."""
+    """The engine flags a running lab server at ``url`` was started with, the lab's own
+    included (``()`` otherwise)."""
     port = url.rstrip("/").rsplit(":", 1)[-1]
     for server in lab.recorded():
         if str(server.port) == port and server.alive():
-            return tuple(server.extra_args)
+            return tuple(lab.ENGINES[server.engine].flags(server.extra_args))
     return ()

@@ -13,26 +13,24 @@ down) so that a drift of the machine falls on every length alike. It fits
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pdscope import roofline
 from pdscope.charts import Chart, Series
-from pdscope.client import RequestRecord, ServerInfo, Target
-from pdscope.client.options import at_least
-from pdscope.errors import InputError
+from pdscope.checks import at_least
+from pdscope.client import ClientOptions, Connection, RequestRecord, ServerInfo, Target, connect
+from pdscope.errors import Field, InputError
 from pdscope.experiments.common import (
     CeilingInputs,
-    ClientOptions,
-    Connection,
     LinearFit,
     ProgressFn,
-    connect,
     median,
     output_notes,
     polyfit,
 )
+from pdscope.figures import PREFILL_RATE, Figures, ResultKind, experiment_figures, number, register
 from pdscope.stats import Summary, summarize
 from pdscope.workload import Prompt
 
@@ -67,9 +65,11 @@ class SweepConfig(ClientOptions):
         super().__post_init__()
         at_least(self.runs, 1, "runs")
         if self.max_tokens < 2:
-            raise InputError("max_tokens must be at least 2 (a decode rate needs two tokens)")
+            raise InputError(Field("max_tokens"),
+                             " must be at least 2 (a decode rate needs two tokens)")
         if not self.prompt_tokens or min(self.prompt_tokens) < 1:
-            raise InputError("prompt_tokens: give one or more lengths of at least 1 token")
+            raise InputError(Field("prompt_tokens"),
+                             ": give one or more lengths of at least 1 token")
 
 
 @dataclass(frozen=True)
@@ -347,7 +347,25 @@ class SweepResult:
             return None
         return roofline.attention_share_tokens(self.ceiling.model, QUAD_MATTERS_SHARE)
 
-    def point_ceilings(self, p: SweepPoint) -> dict[str, float | None]:
+    def point_held(self, p: SweepPoint) -> dict[str, roofline.Held | None]:
+        """A point's medians beside the roofline (TTFT floor, prefill and decode ceilings),
+        each share never above 1; ``None`` where a side is unknown."""
+        ci = self.ceiling
+        if not ci.known:
+            return {"ttft": None, "prefill": None, "decode": None}
+        assert ci.model is not None and ci.device is not None
+        pc = roofline.prefill_ceiling(ci.model, ci.device, max(1, p.prompt_tokens))
+        ctx = self._context(p) if ci.model.has_attention_shape else 0
+        dc = roofline.decode_ceiling(ci.model, ci.device, ctx)
+        ttft, prefill, decode = p.ttft, p.prefill, p.decode
+        return {"ttft": ci.hold_ttft(ttft.median if ttft else None, pc.ttft_s),
+                "prefill": ci.hold_rate(prefill.median if prefill else None, pc.tok_s,
+                                        "prefill"),
+                "decode": ci.hold_rate(decode.median if decode else None, dc.tok_s, "decode")}
+
+    def point_ceilings(self, p: SweepPoint) -> dict[str, Any]:
+        """The roofline's limits at a point, as printed: where a median beat one, the limit
+        is the median (``*_beaten`` says so; :attr:`ceiling_warnings` says why)."""
         ci = self.ceiling
         if not ci.known:
             return {"ttft_floor_s": None, "prefill_ceiling_tok_s": None,
@@ -356,8 +374,27 @@ class SweepResult:
         pc = roofline.prefill_ceiling(ci.model, ci.device, max(1, p.prompt_tokens))
         ctx = self._context(p) if ci.model.has_attention_shape else 0
         dc = roofline.decode_ceiling(ci.model, ci.device, ctx)
-        return {"ttft_floor_s": pc.ttft_s, "prefill_ceiling_tok_s": pc.tok_s,
-                "decode_ceiling_tok_s": dc.tok_s}
+        held = self.point_held(p)
+        out: dict[str, Any] = {"ttft_floor_s": pc.ttft_s, "prefill_ceiling_tok_s": pc.tok_s,
+                               "decode_ceiling_tok_s": dc.tok_s}
+        for name, key, beaten in (("ttft", "ttft_floor_s", "ttft_floor_beaten"),
+                                  ("prefill", "prefill_ceiling_tok_s", "prefill_ceiling_beaten"),
+                                  ("decode", "decode_ceiling_tok_s", "decode_ceiling_beaten")):
+            h = held[name]
+            if h is not None:
+                out[key] = h.limit
+                out[beaten] = h.beaten
+        return out
+
+    @property
+    def ceiling_warnings(self) -> tuple[str, ...]:
+        """For each limit a point's median beat, the first such point, in words."""
+        found: dict[str, str] = {}
+        for p in self.points:
+            for name, h in self.point_held(p).items():
+                if h is not None and h.warning is not None and name not in found:
+                    found[name] = f"at {p.prompt_tokens:,} prompt tokens, {h.warning}"
+        return tuple(found.values())
 
     def charts(self) -> list[Chart]:
         fit = self.fit
@@ -441,12 +478,25 @@ class SweepResult:
                      "prompt_tokens": self.cold.prompt_tokens},
             "charts": [c.to_json() for c in self.charts()],
             "notes": [*self.notes, *self.ceiling.notes],
+            "ceiling_warnings": list(self.ceiling_warnings),
         }
         if raw:
             out["requests"] = [r.to_dict() for r in (self.cold,
                                                      *(r for p in self.points
                                                        for r in p.records))]
         return out
+
+    def figures(self) -> Figures:
+        return sweep_figures(self.to_json())
+
+
+def sweep_figures(d: Mapping[str, Any]) -> Figures:
+    """A sweep's figure: the prefill rate of its TTFT fit."""
+    fit = d.get("fit") or {}
+    return experiment_figures(d, (PREFILL_RATE,), prefill_tok_s=number(fit.get("prefill_tok_s")))
+
+
+SWEEP = register(ResultKind("sweep", (PREFILL_RATE,), from_json=sweep_figures))
 
 
 async def run_sweep(

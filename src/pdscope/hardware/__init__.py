@@ -9,18 +9,25 @@ from pdscope.hardware.devices import (
     normalise,
 )
 from pdscope.hardware.measure import (
+    DEFAULT_SHAPES,
     BandwidthProbe,
+    MatmulProbe,
     cpu_model_name,
     detect_local_device,
     local_cpu_spec,
+    measure_local_cpu,
     nvidia_smi_gpus,
+    prefill_shapes,
     probe_cpu_bandwidth,
     probe_cpu_matmul_tflops,
+    probe_cpu_matmuls,
 )
 
 __all__ = [
+    "DEFAULT_SHAPES",
     "BandwidthProbe",
     "DeviceSpec",
+    "MatmulProbe",
     "all_devices",
     "article_devices",
     "cpu_model_name",
@@ -28,8 +35,11 @@ __all__ = [
     "find_device",
     "local_cpu_spec",
     "match_gpu_name",
+    "measure_local_cpu",
     "normalise",
     "nvidia_smi_gpus",
+    "prefill_shapes",
     "probe_cpu_bandwidth",
     "probe_cpu_matmul_tflops",
+    "probe_cpu_matmuls",
 ]

@@ -1,9 +1,12 @@
 """What this machine is: an NVIDIA GPU named by nvidia-smi, an Apple chip, or a measured CPU.
 
 A CPU has no datasheet figure pdscope could trust (the same chip ships with one memory channel
-or twelve), so its ceiling is measured: a STREAM-like numpy probe for memory bandwidth and a
-matmul for FLOPS. A measurement is never a single number: every probe takes a warm-up run, then
-the best of several, and reports the spread so a caller can warn when the machine was busy.
+or twelve), so its ceiling is measured: a STREAM-like numpy probe for memory bandwidth, and for
+FLOPS matmuls as a server computes them (numpy fp32, torch fp32 and bf16 where torch is
+installed, on every usable CPU, of the shapes of a prefill step), the fastest taken: a ceiling
+from a slower kernel than the server's is one its prefill beats. A measurement is never a
+single number: every probe takes a warm-up run, then the best of several, and reports the
+spread so a caller can warn when the machine was busy.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import shutil
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -134,56 +137,162 @@ def probe_cpu_bandwidth(
     )
 
 
-def probe_cpu_matmul_tflops(n: int = 1024, runs: int = 5) -> float:
-    """Best fp32 numpy matmul rate over ``runs``, in TFLOPS, counting 2 n^3 FLOPs a product.
+Shape = tuple[int, int, int]
+"""``(m, k, n)``: an ``m x k`` matrix times a ``k x n`` one, ``2 m k n`` FLOPs."""
 
-    This is what numpy's BLAS reaches on all its threads, a practical ceiling for CPU prefill
-    (which runs matmuls much like this one), not the chip's theoretical peak. One warm-up first.
-    """
-    if n < 1 or runs < 1:
-        raise InputError(f"matmul size and runs must be at least 1, got n={n}, runs={runs}")
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((n, n), dtype=np.float32)
-    y = rng.standard_normal((n, n), dtype=np.float32)
-    out = np.empty((n, n), dtype=np.float32)
-    np.matmul(x, y, out=out)
-    best = float("inf")
-    for _ in range(runs):
+# Prompt tokens in one probed prefill step: the probe's default prompt, and a step well inside
+# vLLM's default budget (2,048 tokens a step), so the shape is one a server really multiplies.
+PREFILL_STEP_TOKENS = 512
+# With no model known: a square product, and the step of a 2,048-wide model (Llama 3.2 1B).
+DEFAULT_SHAPES: tuple[Shape, ...] = ((1024, 1024, 1024), (PREFILL_STEP_TOKENS, 2048, 2048))
+# A probe stops once its timed runs took this long (at least two are taken): a few probes of
+# three dtypes stay within a second or two even on a slow CPU.
+_MATMUL_BUDGET_S = 0.2
+
+
+def prefill_shapes(hidden: int | None, intermediate: int | None = None) -> tuple[Shape, ...]:
+    """The products of a prefill step of ``PREFILL_STEP_TOKENS`` tokens of a model ``hidden``
+    wide: tokens x hidden times hidden x hidden (attention's projections) and hidden x
+    intermediate (the MLP), plus the square default. Without ``hidden``, the defaults."""
+    if not hidden:
+        return DEFAULT_SHAPES
+    shapes: list[Shape] = [DEFAULT_SHAPES[0], (PREFILL_STEP_TOKENS, hidden, hidden)]
+    if intermediate and intermediate != hidden:
+        shapes.append((PREFILL_STEP_TOKENS, hidden, intermediate))
+    return tuple(shapes)
+
+
+@dataclass(frozen=True)
+class MatmulProbe:
+    """One matmul rate, measured: which library and dtype, the shape, the threads, and the
+    best of ``runs`` in TFLOPS (10^12 FLOP/s, counting ``2 m k n`` FLOPs a product)."""
+
+    library: str  # "numpy" or "torch"
+    dtype: str  # "fp32" or "bf16"
+    shape: Shape
+    threads: int
+    runs: int
+    tflops: float
+
+    @property
+    def how(self) -> str:
+        m, k, n = self.shape
+        return (f"a {self.dtype} {self.library} matmul of {m:,}x{k:,} by {k:,}x{n:,} on"
+                f" {self.threads} threads")
+
+
+def _best_time(product: Callable[[], object], runs: int, budget_s: float) -> tuple[float, int]:
+    """(best seconds, runs taken) of ``product`` after one warm-up: at most ``runs``, and no
+    more once ``budget_s`` is spent (but at least two when ``runs`` allows)."""
+    product()
+    best, spent, taken = float("inf"), 0.0, 0
+    while taken < runs:
         start = time.perf_counter()
-        np.matmul(x, y, out=out)
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * n**3 / max(best, 1e-9) / 1e12
+        product()
+        took = time.perf_counter() - start
+        best, spent, taken = min(best, took), spent + took, taken + 1
+        if taken >= 2 and spent >= budget_s:
+            break
+    return best, taken
 
 
-def probe_cpu_matmul_bf16_tflops(n: int = 1024, runs: int = 5) -> float | None:
-    """Best bf16 matmul rate with torch, in TFLOPS, or ``None`` when torch is not installed.
+def _check_shape(shape: Shape, runs: int) -> None:
+    if min(shape) < 1 or runs < 1:
+        raise InputError(f"matmul sizes and runs must be at least 1, got {shape}, runs={runs}")
 
-    CPU inference engines (vLLM for CPU, through oneDNN) multiply in bf16, which CPUs with
-    AVX-512 BF16 or AMX do several times faster than fp32: on such a CPU the fp32 figure is no
-    ceiling for their prefill. torch is only in the lab extra, so this is optional.
-    """
+
+def probe_numpy_matmul(shape: Shape, runs: int = 5,
+                       budget_s: float = _MATMUL_BUDGET_S) -> MatmulProbe:
+    """fp32 numpy matmul of ``shape``, on the threads numpy's BLAS uses (all the CPUs it sees,
+    unless ``OMP_NUM_THREADS`` or ``OPENBLAS_NUM_THREADS`` says otherwise)."""
+    _check_shape(shape, runs)
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    y = rng.standard_normal((k, n), dtype=np.float32)
+    out = np.empty((m, n), dtype=np.float32)
+    best, taken = _best_time(lambda: np.matmul(x, y, out=out), runs, budget_s)
+    return MatmulProbe("numpy", "fp32", shape, _usable_cpus(), taken,
+                       2.0 * m * k * n / max(best, 1e-9) / 1e12)
+
+
+def torch_available() -> bool:
     import importlib.util
 
-    if importlib.util.find_spec("torch") is None:
+    return importlib.util.find_spec("torch") is not None
+
+
+def probe_torch_matmul(shape: Shape, dtype: str = "bf16", runs: int = 5,
+                       budget_s: float = _MATMUL_BUDGET_S) -> MatmulProbe | None:
+    """A torch matmul of ``shape`` in ``dtype`` (``fp32`` or ``bf16``) on every usable CPU, as
+    a CPU engine computes (vLLM for CPU multiplies through torch and oneDNN, in bf16 with the
+    lab's ``--dtype bfloat16``; CPUs with AVX-512 BF16 or AMX do that several times faster than
+    fp32). ``None`` when torch is not installed (it is only in the lab extra). torch's thread
+    count is put back afterwards."""
+    _check_shape(shape, runs)
+    if not torch_available():
         return None
     import torch
 
-    torch.set_num_threads(_usable_cpus())
-    x = torch.randn(n, n, dtype=torch.bfloat16)
-    y = torch.randn(n, n, dtype=torch.bfloat16)
-    torch.matmul(x, y)
-    best = float("inf")
-    for _ in range(runs):
-        start = time.perf_counter()
-        torch.matmul(x, y)
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * n**3 / max(best, 1e-9) / 1e12
+    kinds = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    if dtype not in kinds:
+        raise InputError(f"a torch matmul probe is fp32 or bf16, got {dtype!r}")
+    m, k, n = shape
+    threads, before = _usable_cpus(), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(m, k, generator=gen).to(kinds[dtype])
+        y = torch.randn(k, n, generator=gen).to(kinds[dtype])
+        with torch.inference_mode():
+            best, taken = _best_time(lambda: torch.matmul(x, y), runs, budget_s)
+    finally:
+        torch.set_num_threads(before)
+    return MatmulProbe("torch", dtype, shape, threads, taken,
+                       2.0 * m * k * n / max(best, 1e-9) / 1e12)
 
 
-def best_cpu_matmul_tflops() -> tuple[float, str]:
-    """The faster of the fp32 (numpy) and bf16 (torch, when installed) matmul probes, and which
-    it was: the figure a CPU prefill ceiling should use."""
-    return best_cpu_matmul_tflops_of(probe_cpu_matmul_tflops(), probe_cpu_matmul_bf16_tflops())
+def probe_cpu_matmuls(shapes: Sequence[Shape] = DEFAULT_SHAPES) -> tuple[MatmulProbe, ...]:
+    """Every matmul probe of ``shapes``: numpy fp32, and torch fp32 and bf16 where torch is
+    installed. A server's prefill is a run of such products, so the fastest of them is the
+    figure a CPU's prefill ceiling should use (a ceiling from a slower kernel than the
+    server's is one the server beats)."""
+    probes: list[MatmulProbe] = []
+    for shape in shapes:
+        probes.append(probe_numpy_matmul(shape))
+        for dtype in ("fp32", "bf16"):
+            t = probe_torch_matmul(shape, dtype)
+            if t is not None:
+                probes.append(t)
+    return tuple(probes)
+
+
+def best_matmul(probes: Sequence[MatmulProbe]) -> MatmulProbe:
+    if not probes:
+        raise InputError("no matmul probe to choose from")
+    return max(probes, key=lambda p: p.tflops)
+
+
+def probe_cpu_matmul_tflops(n: int = 1024, runs: int = 5) -> float:
+    """Best fp32 numpy matmul rate of an ``n x n`` product over ``runs``, in TFLOPS, counting
+    2 n^3 FLOPs a product (one warm-up first)."""
+    if n < 1 or runs < 1:
+        raise InputError(f"matmul size and runs must be at least 1, got n={n}, runs={runs}")
+    return probe_numpy_matmul((n, n, n), runs, budget_s=float("inf")).tflops
+
+
+def probe_cpu_matmul_bf16_tflops(n: int = 1024, runs: int = 5) -> float | None:
+    """Best bf16 torch matmul rate of an ``n x n`` product, in TFLOPS, or ``None`` without
+    torch."""
+    probe = probe_torch_matmul((n, n, n), "bf16", runs)
+    return probe.tflops if probe is not None else None
+
+
+def best_cpu_matmul_tflops(shapes: Sequence[Shape] = DEFAULT_SHAPES) -> tuple[float, str]:
+    """The fastest of :func:`probe_cpu_matmuls` and how it was measured: the figure a CPU
+    prefill ceiling should use."""
+    best = best_matmul(probe_cpu_matmuls(shapes))
+    return best.tflops, best.how
 
 
 def best_cpu_matmul_tflops_of(fp32: float, bf16: float | None) -> tuple[float, str]:
@@ -241,7 +350,7 @@ def local_cpu_spec(
     """A device spec for this CPU from measurements: bandwidth from ``probe``, FLOPS from a
     matmul probe (stored as ``bf16_tflops``, the field the prefill ceiling reads)."""
     source = (
-        "measured by pdscope devices --probe: numpy copy/triad, "
+        "measured by pdscope's bandwidth probe: numpy copy/triad, "
         f"best of {probe.runs} runs on {probe.threads} threads, {probe.array_mb:.0f} MB arrays"
     )
     if matmul_tflops is not None:
@@ -267,14 +376,18 @@ def _apple_chip() -> DeviceSpec | None:
     return spec if spec is not None and spec.kind == "apple" else None
 
 
-def detect_local_device(probe_cpu: bool = True) -> DeviceSpec | None:
+def detect_local_device(
+    probe_cpu: bool = True, matmul_shapes: Sequence[Shape] = DEFAULT_SHAPES
+) -> DeviceSpec | None:
     """The device an LLM server on this machine most likely runs on.
 
     An NVIDIA GPU found by nvidia-smi comes first (the first GPU when there are several). A GPU
     whose name is not in the table gives ``None``, not the CPU's figure: the server runs on that
     GPU, and the caller should ask for ``--device``. Then an Apple chip by its brand string
     (the table holds each chip's largest configuration). Else, when ``probe_cpu``, the CPU as
-    measured now (about 1.5 s); else ``None``.
+    measured now (about 2 s; the FLOPS from matmuls of ``matmul_shapes``, the shapes of the
+    served model's prefill step where the caller knows it: :func:`prefill_shapes`); else
+    ``None``.
     """
     gpus = nvidia_smi_gpus()
     if gpus:
@@ -284,4 +397,10 @@ def detect_local_device(probe_cpu: bool = True) -> DeviceSpec | None:
         return apple
     if not probe_cpu:
         return None
-    return local_cpu_spec(probe_cpu_bandwidth(), *best_cpu_matmul_tflops())
+    return measure_local_cpu(matmul_shapes)
+
+
+def measure_local_cpu(matmul_shapes: Sequence[Shape] = DEFAULT_SHAPES) -> DeviceSpec:
+    """This machine's CPU as measured now (about 2 s), even beside a GPU: the memory that
+    weights a server spilled off the GPU are read from."""
+    return local_cpu_spec(probe_cpu_bandwidth(), *best_cpu_matmul_tflops(matmul_shapes))

@@ -75,6 +75,14 @@ class Engine:
                 " (or tools/install-lab.sh with your environment's python)"
             )
 
+    def flags(self, extra: Sequence[str]) -> list[str]:
+        """The flags that set the engine's behaviour, the lab's own before the caller's
+        ``extra`` (for llama-server: slots and their context, from :func:`llama_server_flags`);
+        the model, name, host and port left out."""
+        if self.name == "llamacpp":
+            return [*llama_server_flags(extra), *extra]
+        return list(extra)
+
     def command(self, port: int, extra: Sequence[str]) -> list[str]:
         if self.name == "vllm":
             dtype = lab_dtype()
@@ -98,8 +106,7 @@ class Engine:
             "--alias", SERVED_NAME,
             "--host", HOST,
             "--port", str(port),
-            *llama_server_flags(extra),
-            *extra,
+            *self.flags(extra),
         ]
 
     def environment(self) -> dict[str, str]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from pdscope.errors import InputError, RunError
+from pdscope.errors import Field, InputError, RunError
 from pdscope.lab.engines import HOST, Engine, check_engine_args, get_engine
 from pdscope.lab.model import SERVED_NAME, cache_root
 
@@ -199,7 +199,7 @@ def start(
             flags = " ".join(server.extra_args) or "no extra flags"
             raise InputError(
                 f"a {engine.name} lab server already runs on port {port} with {flags}:"
-                f" stop it first (pdscope lab stop --engine {engine.name}) or use --port"
+                f" stop it first (`pdscope lab stop`) or give another ", Field("port")
             )
         if state == "running":
             return server, True
@@ -207,7 +207,7 @@ def start(
 
     if not _port_free(port):
         raise InputError(
-            f"port {port} on {HOST} is taken by another program: choose one with --port"
+            f"port {port} on {HOST} is taken by another program: give another ", Field("port")
         )
 
     folder = state_dir()

@@ -19,13 +19,26 @@ import json
 import shutil
 import time
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from pdscope.client.fields import RequestFields
+from pdscope.client.record import record_series
 from pdscope.errors import InputError, RunError
-from pdscope.load.runner import Finished
+from pdscope.figures import (
+    DECODE_RATE,
+    LATENCIES,
+    LOAD_METRICS,
+    REASONING_METRICS,
+    Figures,
+    ResultKind,
+    register,
+    scalars,
+)
+from pdscope.load.runner import Finished, RunRequest, Stage
+from pdscope.load.summary import StageSummary, read_summaries, write_summaries
 from pdscope.paths import cache_root
 
 REQUEST_COLUMNS = (
@@ -54,6 +67,90 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc) or type(exc).__name__
 
 
+# run.json's keys, in the order they are written; any other key is a caller's (``extra``).
+_META_KEYS = ("url", "server", "server_version", "model", "api", "workload", "prefix_groups",
+              "prefix_tokens", "stages", "started_at", "workers", "ray_address",
+              "request_fields")
+
+
+def _text(x: Any) -> str | None:
+    return x if isinstance(x, str) else None
+
+
+def _int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """``run.json``: what a bench run measured and how. ``server`` is the family's kind,
+    ``workload`` its description (:meth:`~pdscope.load.bench.Workload.describe`),
+    ``prefix_groups`` and ``prefix_tokens`` its shared prefixes (the planner's replay needs
+    them), ``started_at`` the wall time it began, ``workers`` and ``ray_address`` how the load
+    was split, ``request_fields`` what the user added to every request (``None``: nothing;
+    written with each header's value redacted). ``extra``: keys a library caller added
+    (``run_bench(meta=...)``), written after the others. A field a folder written by another
+    version lacks is ``None``."""
+
+    url: str | None = None
+    server: str | None = None
+    server_version: str | None = None
+    model: str | None = None
+    api: str | None = None
+    workload: str | None = None
+    prefix_groups: int | None = None
+    prefix_tokens: int | None = None
+    stages: tuple[Stage, ...] = ()
+    started_at: float | None = None
+    workers: int | None = None
+    ray_address: str | None = None
+    request_fields: RequestFields | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "url": self.url, "server": self.server, "server_version": self.server_version,
+            "model": self.model, "api": self.api, "workload": self.workload,
+            "prefix_groups": self.prefix_groups, "prefix_tokens": self.prefix_tokens,
+            "stages": [s.to_json() for s in self.stages], "started_at": self.started_at,
+            "workers": self.workers, "ray_address": self.ray_address,
+        }
+        if self.request_fields is not None:
+            out["request_fields"] = self.request_fields.to_json()
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RunMeta:
+        """``run.json`` as :meth:`to_json` wrote it; a key it lacks is ``None``.
+        :class:`InputError` for a stage that is not one."""
+        stages = d.get("stages") or []
+        if not isinstance(stages, list):
+            raise InputError("run.json: stages is not a list")
+        try:
+            typed = tuple(Stage.from_json(s) for s in stages)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise InputError(f"run.json: a stage that is not one ({exc})") from None
+        started = d.get("started_at")
+        fields = d.get("request_fields")
+        try:
+            request_fields = None if fields is None else RequestFields.from_json(fields)
+        except InputError as exc:
+            raise InputError(f"run.json: request_fields: {exc}") from None
+        return cls(
+            url=_text(d.get("url")), server=_text(d.get("server")),
+            server_version=_text(d.get("server_version")), model=_text(d.get("model")),
+            api=_text(d.get("api")), workload=_text(d.get("workload")),
+            prefix_groups=_int(d.get("prefix_groups")),
+            prefix_tokens=_int(d.get("prefix_tokens")), stages=typed,
+            started_at=started if isinstance(started, (int, float))
+            and not isinstance(started, bool) else None,
+            workers=_int(d.get("workers")), ray_address=_text(d.get("ray_address")),
+            request_fields=request_fields,
+            extra={k: v for k, v in d.items() if k not in _META_KEYS},
+        )
+
+
 class RunFolder:
     """Writes a run folder; ``record`` is the sink a :func:`run_stage` hands each request.
 
@@ -61,7 +158,7 @@ class RunFolder:
     measured yet). A write that fails later moves the folder to :func:`rescue_dir`; the
     move is in ``warnings``."""
 
-    def __init__(self, path: str | Path, meta: dict[str, Any]) -> None:
+    def __init__(self, path: str | Path, meta: RunMeta) -> None:
         self.path = Path(path)
         self.meta = meta
         self.warnings: list[str] = []
@@ -74,7 +171,7 @@ class RunFolder:
 
     def _open(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / "run.json").write_text(json.dumps(self.meta, indent=2))
+        (self.path / "run.json").write_text(json.dumps(self.meta.to_json(), indent=2))
         self._jsonl: TextIO = open(self.path / "requests.jsonl", "a", encoding="utf-8")  # noqa: SIM115
 
     def _rescue(self, exc: OSError) -> None:
@@ -103,7 +200,7 @@ class RunFolder:
                        f" {rescue_dir()}, nor the current folder") from None
 
     def record(self, finished: Finished) -> None:
-        line = json.dumps(finished.to_json(self.stage)) + "\n"
+        line = json.dumps(RunRequest.of(self.stage, finished).to_json()) + "\n"
         try:
             self._jsonl.write(line)
             self._jsonl.flush()
@@ -126,7 +223,7 @@ class RunFolder:
 
     __call__ = record
 
-    def finish(self, summaries: Sequence[dict[str, Any]], sweep: bool) -> None:
+    def finish(self, summaries: Sequence[StageSummary], sweep: bool) -> None:
         with contextlib.suppress(OSError):
             self._jsonl.close()
         try:
@@ -141,9 +238,8 @@ class RunFolder:
                 raise RunError(f"cannot write the summaries to {self.path} either:"
                                f" {_reason(again)}") from None
 
-    def _write_end(self, summaries: Sequence[dict[str, Any]], sweep: bool) -> None:
-        data: Any = list(summaries) if sweep else (summaries[0] if summaries else {})
-        (self.path / "summary.json").write_text(json.dumps(data, indent=2))
+    def _write_end(self, summaries: Sequence[StageSummary], sweep: bool) -> None:
+        write_summaries(self.path / "summary.json", summaries, sweep)
         with open(self.path / "requests.csv", "w", newline="", encoding="utf-8") as fh:
             w = csv.DictWriter(fh, fieldnames=REQUEST_COLUMNS)
             w.writeheader()
@@ -152,30 +248,54 @@ class RunFolder:
             w = csv.DictWriter(fh, fieldnames=SUMMARY_COLUMNS, extrasaction="ignore")
             w.writeheader()
             for s in summaries:
-                w.writerow({**s, "stage": s["stage"]["name"]})
+                w.writerow({**s.to_json(), "stage": s.name})
 
 
 @dataclass(frozen=True)
 class BenchRun:
     """A run folder as read back: ``meta`` (``run.json``), every finished request
-    (``requests.jsonl``) and the summaries (``summary.json``, a list; empty when the run was
-    killed before its end, so that only the requests it finished are known)."""
+    (``requests.jsonl``) and the summaries (``summary.json``; none when the run was killed
+    before its end, so that only the requests it finished are known)."""
 
     path: Path
-    meta: dict[str, Any]
-    requests: list[dict[str, Any]]
-    summaries: list[dict[str, Any]]
+    meta: RunMeta
+    requests: tuple[RunRequest, ...]
+    summaries: tuple[StageSummary, ...]
 
     @property
     def complete(self) -> bool:
         return bool(self.summaries)
 
+    def figures(self) -> Figures:
+        """Its requests' series (no prefill rate: prompt / TTFT under load is queueing) and
+        the stage's throughputs. :class:`InputError` for a run of several stages: a
+        comparison takes one load level a run."""
+        if len(self.summaries) > 1:
+            raise InputError(f"{self.path} is a bench run of {len(self.summaries)} stages:"
+                             " compare one stage a run (a sweep of rates is several runs)")
+        meta = self.meta
+        stage = meta.stages[0] if meta.stages else None
+        rate = None if stage is None else stage.request_rate
+        identity = {"model": meta.model, "server": meta.server,
+                    "server_version": meta.server_version, "workload": meta.workload,
+                    "mode": None if stage is None else stage.mode,
+                    # as run.json writes it (JSON has no infinity)
+                    "request_rate": "inf" if rate == float("inf") else rate,
+                    "concurrency": None if stage is None else stage.concurrency}
+        s = self.summaries[0] if self.summaries else None
+        values = scalars() if s is None else scalars(
+            request_throughput=s.request_throughput, output_throughput=s.output_throughput,
+            request_goodput=s.goodput.request_goodput if s.goodput else None)
+        series = record_series([r.record for r in self.requests if not r.warmup])
+        series.pop("prefill", None)
+        return Figures("bench", BENCH_METRICS, identity, series, values)
+
     def outcomes(self, stage: str | None = None) -> Counter[str]:
         """Requests by outcome: ``ok``, or the failure's cause (``connect``, ``cancelled``...)."""
         return Counter(
-            "ok" if r.get("error") is None else str(r.get("error_kind") or "unknown")
+            "ok" if r.record.ok else str(r.record.error_kind or "unknown")
             for r in self.requests
-            if stage is None or r.get("stage") == stage
+            if stage is None or r.stage == stage
         )
 
 
@@ -186,22 +306,29 @@ def read_run(path: str | Path) -> BenchRun:
     folder = Path(path)
     try:
         meta = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-        requests = load_requests(folder / "requests.jsonl")
+        requests = read_requests(folder / "requests.jsonl")
     except (OSError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise InputError(f"{folder} is not a readable bench run folder: {why}") from None
     if not isinstance(meta, dict):
         raise InputError(f"{folder}/run.json is not a JSON object: not a bench run folder")
-    summaries: list[dict[str, Any]] = []
-    with contextlib.suppress(OSError, ValueError):
-        data = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
-        summaries = [s for s in (data if isinstance(data, list) else [data])
-                     if isinstance(s, dict) and s]
-    return BenchRun(folder, meta, [r for r in requests if isinstance(r, dict)], summaries)
+    try:
+        run_meta = RunMeta.from_json(meta)
+    except InputError as exc:
+        raise InputError(f"{folder} is not a readable bench run folder: {exc}") from None
+    summaries: tuple[StageSummary, ...] = ()
+    with contextlib.suppress(InputError):
+        summaries = read_summaries(folder / "summary.json")
+    return BenchRun(folder, run_meta, requests, summaries)
+
+
+BENCH_METRICS = (*LATENCIES, DECODE_RATE, *LOAD_METRICS, *REASONING_METRICS)
+BENCH = register(ResultKind("bench", BENCH_METRICS, marker="run.json", read_folder=read_run))
 
 
 def load_requests(path: str | Path) -> list[dict[str, Any]]:
-    """The lines of a ``requests.jsonl`` (a partial last line, from a killed run, is skipped)."""
+    """The lines of a ``requests.jsonl`` as JSON (a partial last line, from a killed run, is
+    skipped); :func:`read_requests` reads them as requests."""
     out = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
@@ -209,3 +336,17 @@ def load_requests(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+def read_requests(path: str | Path) -> tuple[RunRequest, ...]:
+    """The requests of a ``requests.jsonl``, in the order they finished. A line that is not
+    a request (the partial last line of a killed run, or another object) is skipped."""
+    out = []
+    for d in load_requests(path):
+        if not isinstance(d, dict):
+            continue
+        try:
+            out.append(RunRequest.from_json(d))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return tuple(out)

@@ -26,23 +26,27 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import aiohttp
 
 from pdscope.client import RequestRecord, Target, Timeouts, stream_request
-from pdscope.errors import InputError
-from pdscope.load.schedule import arrival_offsets
+from pdscope.errors import Field, InputError
 from pdscope.units import NS
 from pdscope.workload.datasets import WorkItem
+from pdscope.workload.schedule import arrival_offsets
+from pdscope.workload.traces import Trace
 
 
 @dataclass(frozen=True)
 class Stage:
     """One load level. Exactly one of ``request_rate`` (open loop) and ``concurrency`` (closed
-    loop) is set."""
+    loop) is set. A trace's replay (:meth:`of_trace`) is an open loop whose send times are the
+    trace's (``arrivals``, seconds from the start; ``request_rate`` its mean rate), named by
+    ``trace``; ``run.json`` keeps the name and the count, not every time (the trace file has
+    them)."""
 
     request_rate: float | None = None
     concurrency: int | None = None
@@ -53,15 +57,32 @@ class Stage:
     warmup: int = 0
     seed: int = 0
     ramp_s: float = 0.0  # closed loop: start the streams evenly over this many seconds
+    trace: str | None = None  # a trace's replay: the trace, described
+    arrivals: tuple[float, ...] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if (self.request_rate is None) == (self.concurrency is None):
-            raise InputError("give either --request-rate or --concurrency")
+            raise InputError("give either ", Field("request_rate"), " or ", Field("concurrency"))
         if self.num_prompts is None and self.duration_s is None:
-            raise InputError("give --num-prompts or --duration (or both)")
+            raise InputError("give ", Field("num_prompts"), " or ", Field("duration_s"),
+                             " (or both)")
+        if self.arrivals is not None and (self.request_rate is None
+                                          or self.num_prompts != len(self.arrivals)):
+            raise InputError("a stage of given arrival times is an open loop of one request"
+                             " a time")
+
+    @classmethod
+    def of_trace(cls, trace: Trace, *, warmup: int = 0,
+                 max_concurrency: int | None = None) -> Stage:
+        """The open loop that sends each of the trace's requests at its time."""
+        return cls(request_rate=trace.mean_rate, max_concurrency=max_concurrency,
+                   num_prompts=len(trace), warmup=warmup, trace=trace.describe(),
+                   arrivals=trace.offsets)
 
     @property
     def name(self) -> str:
+        if self.trace is not None:
+            return "trace"
         if self.request_rate is not None:
             return f"rate={self.request_rate:g}"
         return f"concurrency={self.concurrency}"
@@ -84,7 +105,20 @@ class Stage:
             "duration_s": self.duration_s,
             "warmup": self.warmup,
             "ramp_s": self.ramp_s,
+            **({"trace": self.trace} if self.trace is not None else {}),
         }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Stage:
+        """A stage as :meth:`to_json` wrote it (its ``seed`` is not written: 0; nor a trace's
+        ``arrivals``)."""
+        rate = d.get("request_rate")
+        return cls(request_rate=float(rate) if isinstance(rate, str) else rate,
+                   concurrency=d.get("concurrency"), max_concurrency=d.get("max_concurrency"),
+                   burstiness=float(d.get("burstiness", 1.0)), num_prompts=d.get("num_prompts"),
+                   duration_s=d.get("duration_s"), warmup=int(d.get("warmup") or 0),
+                   ramp_s=float(d.get("ramp_s") or 0.0),
+                   trace=None if d.get("trace") is None else str(d["trace"]))
 
 
 @dataclass(frozen=True)
@@ -98,15 +132,55 @@ class Finished:
     worker: int | None = None  # the load worker that sent it; None: the bench's own process
 
     def to_json(self, stage: str) -> dict[str, Any]:
+        """Its line of ``requests.jsonl`` in stage ``stage`` (see :class:`RunRequest`)."""
+        return RunRequest.of(stage, self).to_json()
+
+
+def _number_or_none(x: Any) -> float | None:
+    """A JSON number as it was written (an int stays an int), else ``None``."""
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One line of a run folder's ``requests.jsonl``: a finished request, the stage it ran
+    in and where it stood there (its index in the stage, warm-up or not, the time it waited
+    for ``max_concurrency``, the load worker that sent it)."""
+
+    stage: str
+    index: int
+    warmup: bool
+    client_queue_s: float | None
+    worker: int | None
+    record: RequestRecord
+
+    @classmethod
+    def of(cls, stage: str, finished: Finished) -> RunRequest:
+        return cls(stage, finished.index, finished.warmup, finished.client_queue_s,
+                   finished.worker, finished.record)
+
+    def to_json(self) -> dict[str, Any]:
+        """The line: the run's fields first, then the record's (with its derived figures)."""
         out: dict[str, Any] = {
             "index": self.index,
-            "stage": stage,
+            "stage": self.stage,
             "warmup": self.warmup,
             "client_queue_s": self.client_queue_s,
             "worker": self.worker,
         }
         out.update(self.record.to_dict())
         return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RunRequest:
+        """A line as :meth:`to_json` wrote it. ``KeyError``, ``TypeError`` or ``ValueError``
+        when it is not one."""
+        worker = d.get("worker")
+        return cls(stage=str(d["stage"]), index=int(d["index"]),
+                   warmup=bool(d.get("warmup", False)),
+                   client_queue_s=_number_or_none(d.get("client_queue_s")),
+                   worker=None if worker is None else int(worker),
+                   record=RequestRecord.from_dict(d))
 
 
 @dataclass(frozen=True)
@@ -238,6 +312,9 @@ async def run_stage(
         finally:
             if limit is not None:
                 limit.release()
+        if item.prompt_tokens is not None:
+            record = replace(record, sent_prompt_tokens=item.prompt_tokens,
+                             sent_prompt_estimated=item.prompt_estimated)
         if record.prompt_tokens is None and item.prompt_tokens is not None:
             # The server did not say (llama-cpp-python sends no usage in streams); the prompt
             # was built to this many tokens with the server's own tokenizer.
@@ -257,11 +334,16 @@ async def run_stage(
         return task
 
     async def wait_until(t_ns: int) -> bool:
-        """Sleep until ``t_ns`` (perf_counter); False when stopped first."""
-        delay = (t_ns - time.perf_counter_ns()) / NS
-        if delay > 0:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
+        """Sleep until ``t_ns`` (perf_counter); False when stopped first. Never early: uvloop's
+        timers count whole milliseconds and fire up to half of one before their time (a trace
+        replay measured sends 0.4 ms before it), so the last millisecond is waited out yielding
+        to the loop."""
+        while (delay := (t_ns - time.perf_counter_ns()) / NS) > 0 and not stop.is_set():
+            if delay > 0.001:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+            else:
+                await asyncio.sleep(0)
         return not stop.is_set()
 
     ticker = loop.create_task(_report(run, in_flight, progress)) if progress else None
@@ -330,8 +412,10 @@ async def run_stage(
 
 def stage_offsets(stage: Stage) -> list[float]:
     """An open-loop stage's global schedule: send times in seconds from its start, drawn from
-    its seed (the same draw for one process as for N workers)."""
+    its seed (the same draw for one process as for N workers); a trace's, its own times."""
     assert stage.request_rate is not None
+    if stage.arrivals is not None:
+        return list(stage.arrivals)
     return arrival_offsets(stage.num_prompts, stage.request_rate, burstiness=stage.burstiness,
                            duration_s=stage.duration_s, seed=stage.seed)
 

@@ -9,7 +9,7 @@ a load run into a JSONL file that ``load_recording`` reads back; ``grafana_dashb
 the same names as a Grafana dashboard.
 """
 
-from pdscope.metrics.dashboard import Row, dashboard_rows, window_record
+from pdscope.metrics.dashboard import Peak, Row, WindowRecord, dashboard_rows, window_record
 from pdscope.metrics.grafana import grafana_dashboard
 from pdscope.metrics.recorder import (
     MetricsRecorder,
@@ -65,12 +65,14 @@ __all__ = [
     "Histogram",
     "MetricMap",
     "MetricsRecorder",
+    "Peak",
     "Recording",
     "Row",
     "Signal",
     "Snapshot",
     "ThreadedMetricsRecorder",
     "Window",
+    "WindowRecord",
     "achieved_bandwidth_gb_s",
     "base_url",
     "bracket",

@@ -14,18 +14,20 @@ since a histogram knows a value only to within its bucket.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, cast, get_args
 
 from pdscope.metrics.signals import (
     FULL_POOL_KV_USAGE,
     Level,
+    Queueing,
     Signal,
     achieved_bandwidth_gb_s,
     classify_queueing,
     signals,
 )
-from pdscope.metrics.window import Window, to_json
+from pdscope.metrics.window import Window, from_json, to_json
 from pdscope.servers import MetricMap
 
 # The one-line meaning of each of the five names (the article's reading of each).
@@ -169,25 +171,102 @@ def dashboard_rows(
     return five_names(window, family), signal_rows(window, ceiling_gb_s=ceiling_gb_s)
 
 
+def _queueing(x: Any) -> Queueing | None:
+    return cast(Queueing, x) if x in get_args(Queueing) else None
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The scrape of a run at which most requests waited
+    (:func:`~pdscope.metrics.recorder.peak_waiting_window`): its gauges and why they waited."""
+
+    num_requests_waiting: float | None
+    num_requests_running: float | None
+    kv_cache_usage: float | None
+    queueing: Queueing | None
+
+    @classmethod
+    def of(cls, window: Window) -> Peak:
+        return cls(window.num_requests_waiting, window.num_requests_running,
+                   window.kv_cache_usage, classify_queueing(window))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"num_requests_waiting": self.num_requests_waiting,
+                "num_requests_running": self.num_requests_running,
+                "kv_cache_usage": self.kv_cache_usage, "queueing": self.queueing}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Peak:
+        return cls(d.get("num_requests_waiting"), d.get("num_requests_running"),
+                   d.get("kv_cache_usage"), _queueing(d.get("queueing")))
+
+
+_WINDOW_FIELDS = frozenset(f.name for f in fields(Window))
+
+
+@dataclass(frozen=True)
+class WindowRecord:
+    """A window as pdscope saves it (``pdscope watch --json``, a bench stage's
+    ``server_metrics``): the :class:`Window`, its queueing class and achieved bandwidth (with
+    the device's ceiling where one was given) and, for a load stage, its :class:`Peak`.
+    ``missing``: why ``queueing`` or ``achieved_bandwidth_gb_s`` is ``None`` (the window's
+    own reasons are in ``window.missing``)."""
+
+    window: Window
+    queueing: Queueing | None
+    achieved_bandwidth_gb_s: float | None
+    bandwidth_ceiling_gb_s: float | None = None
+    missing: Mapping[str, str] = field(default_factory=dict)
+    peak: Peak | None = None
+
+    @classmethod
+    def of(cls, window: Window, *, ceiling_gb_s: float | None = None,
+           peak: Peak | None = None) -> WindowRecord:
+        by_id = {s.id: s for s in signals(window, ceiling_gb_s=ceiling_gb_s)}
+        queueing, bandwidth = classify_queueing(window), achieved_bandwidth_gb_s(window)
+        missing = {}
+        if queueing is None:
+            missing["queueing"] = by_id["queueing"].meaning
+        if bandwidth is None:
+            missing["achieved_bandwidth_gb_s"] = by_id["achieved_bandwidth_gb_s"].meaning
+        return cls(window, queueing, bandwidth, ceiling_gb_s, missing, peak)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every :class:`Window` field, ``queueing`` and ``achieved_bandwidth_gb_s``, then
+        ``resolution`` and ``missing`` (a reason for every ``null``), then ``peak``."""
+        out = to_json(self.window)
+        missing = {**out.pop("missing"), **self.missing}
+        resolution = out.pop("resolution")
+        out["queueing"] = self.queueing
+        out["achieved_bandwidth_gb_s"] = self.achieved_bandwidth_gb_s
+        if self.bandwidth_ceiling_gb_s is not None:
+            out["bandwidth_ceiling_gb_s"] = self.bandwidth_ceiling_gb_s
+        out["resolution"] = resolution
+        out["missing"] = missing
+        if self.peak is not None:
+            out["peak"] = self.peak.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> WindowRecord:
+        """A record as :meth:`to_json` wrote it. ``KeyError``, ``TypeError``, ``ValueError``
+        or ``AttributeError`` when it is not one."""
+        missing = dict(d.get("missing") or {})
+        own = {k: v for k, v in missing.items() if k in _WINDOW_FIELDS}
+        window = from_json({**d, "missing": own})
+        peak = d.get("peak")
+        return cls(window, _queueing(d.get("queueing")), d.get("achieved_bandwidth_gb_s"),
+                   d.get("bandwidth_ceiling_gb_s"),
+                   {k: str(v) for k, v in missing.items() if k not in _WINDOW_FIELDS},
+                   None if peak is None else Peak.from_json(peak))
+
+
 def window_record(window: Window, *, ceiling_gb_s: float | None = None) -> dict[str, Any]:
-    """One JSON object for a window: every :class:`Window` field, the queueing class and the
-    achieved bandwidth, with a reason in ``missing`` for every ``null``.
+    """One JSON object for a window (:meth:`WindowRecord.to_json`): every :class:`Window`
+    field, the queueing class and the achieved bandwidth, with a reason in ``missing`` for
+    every ``null``.
 
     ``queueing`` is ``none``, ``capacity``, ``scheduler`` or ``null`` (see
     :func:`~pdscope.metrics.signals.classify_queueing`).
     """
-    out = to_json(window)
-    missing = dict(out.pop("missing"))
-    resolution = out.pop("resolution")
-    by_id = {s.id: s for s in signals(window, ceiling_gb_s=ceiling_gb_s)}
-    out["queueing"] = classify_queueing(window)
-    if out["queueing"] is None:
-        missing["queueing"] = by_id["queueing"].meaning
-    out["achieved_bandwidth_gb_s"] = achieved_bandwidth_gb_s(window)
-    if out["achieved_bandwidth_gb_s"] is None:
-        missing["achieved_bandwidth_gb_s"] = by_id["achieved_bandwidth_gb_s"].meaning
-    if ceiling_gb_s is not None:
-        out["bandwidth_ceiling_gb_s"] = ceiling_gb_s
-    out["resolution"] = resolution
-    out["missing"] = missing
-    return out
+    return WindowRecord.of(window, ceiling_gb_s=ceiling_gb_s).to_json()

@@ -179,8 +179,8 @@ def grafana_dashboard(family: MetricMap) -> dict[str, Any]:
         "uid": f"pdscope-{family.name.replace('.', '')}",
         "description": (
             "Prefill shows in TTFT, decode in ITL; waiting > 0 is queueing, and waiting with "
-            "KV-cache usage near 1 is a full KV pool. Written by pdscope watch "
-            "--grafana-dashboard."
+            "KV-cache usage near 1 is a full KV pool. Written by pdscope "
+            "(pdscope.metrics.grafana)."
         ),
         "tags": ["pdscope", family.name],
         "schemaVersion": SCHEMA_VERSION,

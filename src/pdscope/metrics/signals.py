@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pdscope import roofline
+from pdscope.errors import InputError
 from pdscope.metrics.window import Window
+from pdscope.servers import metric_map_named
 
 Queueing = Literal["none", "capacity", "scheduler"]
 Level = Literal["ok", "warn", "unknown"]
@@ -33,7 +36,8 @@ def classify_queueing(window: Window) -> Queueing | None:
     ``capacity`` when requests wait and KV usage is at least :data:`FULL_POOL_KV_USAGE`;
     ``scheduler`` when they wait with KV usage below it: the pool has room and the scheduler's
     own limits (max-num-seqs, the token budget of a step, slots) hold them back. ``None`` when
-    the server does not export its queue, or when requests wait and it does not export KV usage.
+    the server does not export its queue, or when requests wait and it does not export KV usage
+    (unless requests wait only for a slot, as in llama.cpp: ``scheduler``).
 
     vLLM's ``num_requests_waiting_by_reason{reason="capacity"}`` does not decide this: its help
     text defines it as "waiting for scheduling capacity", which includes the step's token budget
@@ -47,8 +51,19 @@ def classify_queueing(window: Window) -> Queueing | None:
         return "none"
     kv = window.kv_cache_usage
     if kv is None:
-        return None
+        # llama.cpp: a request waits only when every slot is busy, and each slot holds its own
+        # context, so waiting is the slot count's limit, whatever the cache holds.
+        return "scheduler" if waits_for_slot(window) else None
     return "capacity" if kv >= FULL_POOL_KV_USAGE else "scheduler"
+
+
+def waits_for_slot(window: Window) -> bool:
+    """Whether the window's server makes a request wait only when all its slots are busy
+    (:attr:`~pdscope.servers.MetricMap.waiting_for_slot`: llama.cpp)."""
+    try:
+        return metric_map_named(window.family).waiting_for_slot
+    except InputError:
+        return False
 
 
 def achieved_bandwidth_gb_s(window: Window) -> float | None:
@@ -94,7 +109,15 @@ def queueing_signal(window: Window) -> Signal:
         )
     if kind == "none":
         return Signal("queueing", kind, "ok", "no request is waiting")
-    assert waiting is not None and kv is not None
+    assert waiting is not None
+    if kv is None:  # a server of slots (classify_queueing)
+        return Signal(
+            "queueing",
+            kind,
+            "warn",
+            f"{waiting:g} requests wait for a slot: every slot is busy; the slot count holds "
+            "them back",
+        )
     if kind == "capacity":
         return Signal(
             "queueing",
@@ -163,10 +186,18 @@ def bandwidth_signal(window: Window, ceiling_gb_s: float | None = None) -> Signa
     if gb_s is None:
         return _unknown("achieved_bandwidth_gb_s", window, "read_bytes_per_s")
     if ceiling_gb_s:
+        held = roofline.hold(
+            gb_s, ceiling_gb_s, what="bandwidth the server estimates", unit="GB/s",
+            spec=f"the device's {ceiling_gb_s:,.0f} GB/s",
+            why="the server's own estimate counts bytes that came from cache rather than memory,"
+            " or the device named is not the one the server runs on")
         meaning = (
-            f"the server estimates it read {gb_s:.1f} GB/s per GPU, {gb_s / ceiling_gb_s:.0%} "
-            f"of the device's {ceiling_gb_s:,.0f} GB/s: decode can go no faster than that line"
+            f"the server estimates it read {gb_s:.1f} GB/s per GPU, {held.share:.0%} "
+            f"of the device's {held.mark}{held.limit:,.0f} GB/s: decode can go no faster than"
+            " that line"
         )
+        if held.warning is not None:
+            meaning += f" (warning: {held.warning})"
     else:
         meaning = (
             f"the server estimates it read {gb_s:.1f} GB/s per GPU; decode is bound by "

@@ -15,7 +15,8 @@ then the whole window and ``reset`` says so. No rate is ever negative.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from pdscope.metrics.scrape import Histogram, Snapshot
@@ -163,7 +164,8 @@ class Window:
     Every field that is ``None`` has its reason in ``missing``. ``requests_finished`` counts
     end-to-end observations (requests that finished), else first tokens where the server has no
     end-to-end histogram. ``prefix_cache_hit_rate`` is the share of looked-up prompt tokens found
-    in the prefix cache in the interval (vLLM), or SGLang's own hit-rate gauge at the later
+    in the prefix cache in the interval (vLLM; llama.cpp's cached against computed prompt
+    tokens), or SGLang's own hit-rate gauge at the later
     scrape. ``mean_iteration_tokens`` is the mean number of tokens one engine step processed.
 
     ``start_wall`` and ``end_wall`` are the wall times (``time.time()``) of the two scrapes.
@@ -392,9 +394,14 @@ def make_window(
 def _prefix_hit_rate(r: _Reader) -> float | None:
     key = "prefix_cache_hit_rate"
     family = r.family
-    if family.names("prefix_queries") and family.names("prefix_hits"):
-        queries = r.counter_delta(key, "prefix_queries")
+    if family.names("prefix_hits") and (family.names("prefix_queries")
+                                        or family.names("prefix_misses")):
         hits = r.counter_delta(key, "prefix_hits")
+        if family.names("prefix_queries"):
+            queries = r.counter_delta(key, "prefix_queries")
+        else:  # found and computed: llama.cpp counts the two apart
+            misses = r.counter_delta(key, "prefix_misses")
+            queries = hits + misses if hits is not None and misses is not None else None
         if queries is not None and hits is not None:
             if queries <= 0:
                 r.missing[key] = "no prompt token was looked up in the prefix cache in this window"
@@ -468,3 +475,28 @@ def to_json(window: Window) -> dict[str, Any]:
         for key, bounds in window.resolution.items()
     }
     return out
+
+
+# What a window must hold to be one; any other field a file lacks (one written before the
+# field existed) reads as ``None``.
+_REQUIRED = ("family", "duration_s", "reset")
+
+
+def from_json(d: Mapping[str, Any]) -> Window:
+    """A window as :func:`to_json` wrote it, values as they were written; a ``null`` bound of
+    ``resolution`` is infinite again (a lower one ``-inf``, an upper one ``inf``). ``KeyError``,
+    ``TypeError`` or ``ValueError`` when it is not one."""
+    kw: dict[str, Any] = {}
+    for f in fields(Window):
+        if f.name in ("missing", "resolution"):
+            continue
+        if f.name in _REQUIRED:
+            kw[f.name] = d[f.name]
+        elif f.name in d or f.default is MISSING:
+            kw[f.name] = d.get(f.name)
+    resolution = {}
+    for key, (lower, upper) in (d.get("resolution") or {}).items():
+        resolution[str(key)] = (-math.inf if lower is None else lower,
+                                math.inf if upper is None else upper)
+    return Window(**kw, missing={str(k): str(v) for k, v in (d.get("missing") or {}).items()},
+                  resolution=resolution)

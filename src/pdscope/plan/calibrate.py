@@ -34,15 +34,14 @@ from typing import Any
 import numpy as np
 
 from pdscope import __version__
-from pdscope.client import ClientOptions, RequestRecord
-from pdscope.client.options import at_least
+from pdscope.checks import at_least
+from pdscope.client import ClientOptions, Connection, RequestRecord, connect
 from pdscope.errors import InputError, PdscopeError, RunError
-from pdscope.experiments.common import Connection, connect, find_ceiling_inputs
+from pdscope.experiments.common import find_ceiling_inputs
 from pdscope.experiments.setup import lab_flags, read_settings
-from pdscope.hardware import DeviceSpec
-from pdscope.model.geometry import ModelGeometry
 from pdscope.plan.scheduler import SchedulerConfig
 from pdscope.plan.stepmodel import (
+    HardwareFigures,
     StepModel,
     StepObservation,
     attention_pairs,
@@ -51,7 +50,6 @@ from pdscope.plan.stepmodel import (
     jitter_quantiles,
     roofline_prior,
 )
-from pdscope.roofline import kv_bytes_per_token
 from pdscope.servers import ServerSettings
 
 FORMAT = "pdscope-calibration"
@@ -133,13 +131,60 @@ class Point:
 
 
 @dataclass(frozen=True)
+class CalibratedServer:
+    """What a calibration knows of the server it was made on: where it was and what it ran
+    (family, version, model, API), its scheduling ``settings`` as it told them, the device and
+    the model's files where known, the ``hardware`` figures a what-if moves the model with, and
+    the bench or doctor ``runs`` a calibration from runs was fitted to (none for a live one)."""
+
+    url: str | None = None
+    family: str | None = None
+    version: str | None = None
+    model: str | None = None
+    api: str | None = None
+    settings: ServerSettings = field(default_factory=ServerSettings)
+    device: str | None = None
+    model_source: str | None = None
+    hardware: HardwareFigures = field(default_factory=HardwareFigures)
+    runs: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The calibration file's ``server``: the hardware figures beside the rest, ``runs``
+        only for a calibration from runs."""
+        out: dict[str, Any] = {
+            "url": self.url, "family": self.family, "version": self.version,
+            "model": self.model, "api": self.api, "settings": self.settings.to_json(),
+            "device": self.device, "model_source": self.model_source,
+            **self.hardware.to_json(),
+        }
+        if self.runs:
+            out["runs"] = list(self.runs)
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CalibratedServer:
+        def text(key: str) -> str | None:
+            value = d.get(key)
+            return None if value is None else str(value)
+
+        return cls(
+            url=text("url"), family=text("family"), version=text("version"),
+            model=text("model"), api=text("api"),
+            settings=ServerSettings.from_json(d.get("settings") or {}),
+            device=text("device"), model_source=text("model_source"),
+            hardware=HardwareFigures.from_json(d),
+            runs=tuple(str(r) for r in d.get("runs") or ()),
+        )
+
+
+@dataclass(frozen=True)
 class Calibration:
     """A fitted step-time model with the server it was fitted on and that server's
     scheduling settings (``scheduler``), ``assumptions`` for the settings it did not tell."""
 
     step_model: StepModel
     scheduler: SchedulerConfig
-    server: dict[str, Any]
+    server: CalibratedServer = field(default_factory=CalibratedServer)
     points: tuple[Point, ...] = ()
     assumptions: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -161,7 +206,7 @@ class Calibration:
         return {
             "format": FORMAT, "version": VERSION, "pdscope": __version__,
             "created_at": self.created_at, "duration_s": self.duration_s,
-            "server": self.server, "scheduler": self.scheduler.to_json(),
+            "server": self.server.to_json(), "scheduler": self.scheduler.to_json(),
             "assumptions": list(self.assumptions), "step_model": self.step_model.to_json(),
             "fit_error_by_part": self.errors_by_part(),
             "points": [p.to_json() for p in self.points], "notes": list(self.notes),
@@ -178,7 +223,7 @@ class Calibration:
             return cls(
                 step_model=StepModel.from_json(d["step_model"]),
                 scheduler=SchedulerConfig.from_json(d["scheduler"]),
-                server=dict(d.get("server") or {}),
+                server=CalibratedServer.from_json(d.get("server") or {}),
                 points=tuple(Point.from_json(p) for p in d.get("points") or ()),
                 assumptions=tuple(str(a) for a in d.get("assumptions") or ()),
                 notes=tuple(str(n) for n in d.get("notes") or ()),
@@ -315,7 +360,8 @@ def scheduler_from_settings(
     block = settings.block_size
     if block is None:
         block = ASSUMED_BLOCK_SIZE
-        assumptions.append(f"KV blocks of {ASSUMED_BLOCK_SIZE} tokens (not reported)")
+        if scheduling == "budget":  # slots hold their context whole: no blocks to assume
+            assumptions.append(f"KV blocks of {ASSUMED_BLOCK_SIZE} tokens (not reported)")
     if settings.kv_pool_tokens is None:
         assumptions.append("a KV pool without limit (its size is not reported)")
     prefix = settings.prefix_caching
@@ -362,7 +408,8 @@ async def run_calibration(
                 raise InputError(f"prompt lengths {too_long} do not fit the server's context"
                                  f" of {limit} tokens with {config.decode_tokens} to decode")
         plan = _plan(config, serial=conn.info.family.serial or (scheduler.policy == "slots"
-                     and scheduler.slots < 2))
+                     and scheduler.slots < 2),
+                     max_streams=scheduler.slots if scheduler.policy == "slots" else None)
         total = len(plan) + 1
         index = 0
 
@@ -377,7 +424,7 @@ async def run_calibration(
         try:
             await send(config.prefill_tokens[0], 8)  # the first request pays for loading
         except PdscopeError as exc:
-            raise RunError(f"calibration: the warm-up request failed: {exc}") from None
+            raise RunError("calibration: the warm-up request failed: ", exc) from None
         points: list[Point] = []
         decodes: list[RequestRecord] = []
         for step, (part, label, n_prompt, n_out, streams) in enumerate(plan, start=1):
@@ -387,7 +434,7 @@ async def run_calibration(
                 records = await asyncio.gather(
                     *(send(n_prompt, n_out) for _ in range(streams)))
             except PdscopeError as exc:
-                raise RunError(f"calibration, {part} part ({label}): {exc}") from None
+                raise RunError(f"calibration, {part} part ({label}): ", exc) from None
             points += _observe(part, label, records, budget)
             if part == "decode":
                 decodes += records
@@ -396,12 +443,12 @@ async def run_calibration(
         inputs = await find_ceiling_inputs(conn, conn.target.model, device=device,
                                            model_config=model_config, api_key=config.api_key,
                                            flags=flags)
-        server = {"url": conn.info.base_url, "family": conn.info.family.name,
-                  "version": conn.info.version, "model": conn.target.model,
-                  "api": conn.target.api, "settings": settings.to_json(),
-                  "device": inputs.device.name if inputs.device else None,
-                  "model_source": inputs.model_source,
-                  **hardware_figures(inputs.model, inputs.device)}
+        server = CalibratedServer(
+            url=conn.info.base_url, family=conn.info.family.name, version=conn.info.version,
+            model=conn.target.model, api=conn.target.api, settings=settings,
+            device=inputs.device.name if inputs.device else None,
+            model_source=inputs.model_source,
+            hardware=HardwareFigures.of(inputs.model, inputs.device))
     for part in ("prefill", "decode"):
         if not any(p.part == part for p in points):
             raise RunError(f"calibration: the {part} part measured nothing usable")
@@ -423,8 +470,14 @@ async def run_calibration(
                        duration_s=time.monotonic() - t0)
 
 
-def _plan(config: CalibrationConfig, serial: bool) -> list[tuple[str, str, int, int, int]]:
-    """``(part, label, prompt tokens, output tokens, streams)`` for each request group."""
+def _plan(config: CalibrationConfig, serial: bool, max_streams: int | None = None
+          ) -> list[tuple[str, str, int, int, int]]:
+    """``(part, label, prompt tokens, output tokens, streams)`` for each request group.
+    ``max_streams``: the most that decode at once (a slots server's slot count): a batch of
+    more never has all its streams decoding together (the last first token comes after the
+    first stream ends), so it would measure nothing; it is sent at that count instead."""
+    batches = sorted({min(c, max_streams) if max_streams else c for c in config.batch_streams})
+    batches = [c for c in batches if c >= 2]
     out = []
     for _ in range(config.runs):
         for n in config.prefill_tokens:
@@ -432,7 +485,7 @@ def _plan(config: CalibrationConfig, serial: bool) -> list[tuple[str, str, int, 
         for n in config.decode_contexts:
             out.append(("decode", f"context {n}", n, config.decode_tokens, 1))
         if not serial:
-            for c in config.batch_streams:
+            for c in batches:
                 out.append(("batch", f"{c} streams", config.batch_prompt_tokens,
                             config.decode_tokens, c))
     return out
@@ -452,16 +505,3 @@ def _observe(part: str, label: str, records: Sequence[RequestRecord],
             out.append(Point(part, label, obs))
     return out
 
-
-def hardware_figures(model: ModelGeometry | None, device: DeviceSpec | None) -> dict[str, Any]:
-    """What a what-if needs to move the model to other hardware or precision: the device's
-    bandwidth and compute, the weights' bytes each; and, for a disaggregated setup, the bytes
-    of KV cache a token sends (16-bit elements: vLLM's and llama.cpp's default cache type)."""
-    kv = (kv_bytes_per_token(model) if model is not None and model.has_attention_shape
-          else None)
-    return {
-        "device_bandwidth_gb_s": device.mem_bandwidth_gb_s if device else None,
-        "device_bf16_tflops": device.bf16_tflops if device else None,
-        "bytes_per_weight": model.bytes_per_weight if model else None,
-        "kv_bytes_per_token": kv,
-    }

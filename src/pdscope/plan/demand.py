@@ -3,13 +3,16 @@ are, and which shared prefix it starts with.
 
 Open loop (:func:`open_loop`): arrival times fixed in advance at a rate, Poisson or gamma with a
 burstiness shape — the same schedule ``pdscope bench`` sends
-(:func:`pdscope.load.schedule.arrival_offsets`, with the same seed). Closed loop
+(:func:`pdscope.workload.schedule.arrival_offsets`, with the same seed). Closed loop
 (:func:`closed_loop`): N users, each sending its next request a think time after its last one
 ended; arrival times then depend on the server, so the simulator fills them in. Request ``k`` is
-the ``k``-th sent, in both.
+the ``k``-th sent, in both. A request may also *follow* another one (``Demand.follows``): it is
+sent a think time after that one ended, as the turns of a conversation are
+(:mod:`pdscope.plan.conversations`).
 
 Lengths come from a :class:`LengthMix`: fixed, drawn from pdscope's length distributions,
-log-normal (ShareGPT-like), or sampled from a dataset's items or a bench run folder.
+log-normal (ShareGPT-like), or sampled from a dataset's items or a bench run folder. A trace
+(:func:`from_trace`) brings its own times, lengths and shared prefixes.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ from typing import Protocol
 import numpy as np
 
 from pdscope.errors import InputError
-from pdscope.load.results import read_run
-from pdscope.load.schedule import arrival_offsets
 from pdscope.workload.datasets import Lengths, WorkItem
+from pdscope.workload.schedule import arrival_offsets
+from pdscope.workload.traces import Trace, shared_prefixes
 
 # Tokens a word, as pdscope's ShareGPT reader counts a reply (load_sharegpt: words x 1.3).
 TOKENS_PER_WORD = 1.3
@@ -174,12 +177,14 @@ class SampledLengths:
     def from_run(cls, path: str | Path) -> SampledLengths:
         """The lengths of a ``pdscope bench`` run folder's requests that completed (warm-up
         requests left out), as the server counted them."""
+        from pdscope.load.results import read_run  # a run folder: loaded only to read one
+
         run = read_run(path)
         pairs = []
         for r in run.requests:
-            if not r.get("ok") or r.get("warmup"):
+            if not r.record.ok or r.warmup:
                 continue
-            p, o = r.get("prompt_tokens"), r.get("output_tokens")
+            p, o = r.record.prompt_tokens, r.record.output_tokens
             if isinstance(p, int) and isinstance(o, int) and p >= 1 and o >= 1:
                 pairs.append((p, o))
         if not pairs:
@@ -211,7 +216,14 @@ class SharedPrefix:
 @dataclass(frozen=True, eq=False)
 class Demand:
     """Requests, in the order they are sent: lengths and prefixes (integer arrays; group -1 for
-    none), and either ``arrival_s`` (open loop) or ``users`` with ``think_s`` (closed loop)."""
+    none), and either ``arrival_s`` (open loop) or ``users`` with ``think_s`` (closed loop).
+
+    ``follows`` (with ``arrival_s``): per request, the earlier request it follows (-1: none). A
+    follower is sent ``think_s`` after the request it follows ended, and its entry of
+    ``arrival_s`` is ``nan`` until then; a request that follows none comes at its
+    ``arrival_s``. A follower in the prefix group of the request it follows continues that
+    request's sequence: when the request leaves the server, its KV cache (prompt and answer)
+    becomes the group's cached prefix."""
 
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
@@ -222,6 +234,7 @@ class Demand:
     think_s: float = 0.0
     label: str = field(default="")
     start_s: np.ndarray | None = None  # closed loop: each user's first send (default 0 s)
+    follows: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_tokens)
@@ -232,10 +245,17 @@ class Demand:
         if (self.arrival_s is None) == (self.users is None):
             raise InputError("a demand is open loop (arrival times) or closed loop (users),"
                              " one of the two")
+        if self.follows is not None:
+            if self.arrival_s is None or len(self.follows) != n:
+                raise InputError("requests that follow others need one entry a request and"
+                                 " arrival times for the rest")
+            if np.any(self.follows < -1) or np.any(self.follows >= np.arange(n)):
+                raise InputError("a request can follow only a request sent before it")
         if self.arrival_s is not None:
             if len(self.arrival_s) != n:
                 raise InputError("the demand needs one arrival time a request")
-            if not np.all(np.isfinite(self.arrival_s)) or np.any(self.arrival_s < 0):
+            known = self.arrival_s if self.follows is None else self.arrival_s[self.follows < 0]
+            if not np.all(np.isfinite(known)) or np.any(known < 0):
                 raise InputError("arrival times must be finite and at least 0 s")
         if self.users is not None and self.users < 1:
             raise InputError(f"a closed loop needs at least 1 user, got {self.users}")
@@ -265,6 +285,8 @@ class Demand:
         """The open-loop demand as requests (a closed loop's arrivals are not known yet)."""
         if self.arrival_s is None:
             raise InputError("a closed loop's arrival times are known only after simulating")
+        if self.follows is not None and np.any(self.follows >= 0):
+            raise InputError("a follower's arrival time is known only after simulating")
         return [SimRequest(float(a), int(p), int(o), None if g < 0 else int(g), int(k))
                 for a, p, o, g, k in zip(self.arrival_s, self.prompt_tokens, self.output_tokens,
                                          self.prefix_group, self.prefix_tokens, strict=True)]
@@ -292,26 +314,30 @@ def replay(path: str | Path, stage: str | None = None) -> Demand:
     counts; its shared prefix where the run had prefix groups (request ``i`` in group
     ``i mod groups``, as ``bench`` builds them). ``stage``: one stage of a sweep (default:
     the only one)."""
+    from pdscope.load.results import read_run  # a run folder: loaded only to read one
+
     run = read_run(path)
-    stages = sorted({str(r.get("stage")) for r in run.requests})
+    stages = sorted({r.stage for r in run.requests})
     if stage is None:
         if len(stages) > 1:
             raise InputError(f"{path} has stages {', '.join(stages)}: name one")
         stage = stages[0] if stages else None
-    rows = [r for r in run.requests if str(r.get("stage")) == stage and not r.get("warmup")
-            and r.get("error_kind") is None and r.get("t_send_ns") is not None
-            and r.get("prompt_tokens") and r.get("output_tokens")]
+    rows = []
+    for r in run.requests:
+        rec = r.record
+        if (r.stage == stage and not r.warmup and rec.error_kind is None
+                and rec.t_send_ns is not None and rec.prompt_tokens and rec.output_tokens):
+            rows.append((r.index, rec.t_send_ns, rec.prompt_tokens, rec.output_tokens))
     if not rows:
         raise InputError(f"{path}: no completed request with its send time and token counts")
-    groups = int(run.meta.get("prefix_groups") or 0)
-    prefix = int(run.meta.get("prefix_tokens") or 0)
-    t0 = min(int(r["t_send_ns"]) for r in rows)
+    groups = run.meta.prefix_groups or 0
+    prefix = run.meta.prefix_tokens or 0
+    t0 = min(send for _, send, _, _ in rows)
     requests = []
-    for r in rows:
-        grouped = groups > 0 and 0 < prefix < int(r["prompt_tokens"])
-        requests.append(SimRequest(
-            (int(r["t_send_ns"]) - t0) / 1e9, int(r["prompt_tokens"]), int(r["output_tokens"]),
-            int(r["index"]) % groups if grouped else None, prefix if grouped else 0))
+    for index, send, prompt, output in rows:
+        grouped = groups > 0 and 0 < prefix < prompt
+        requests.append(SimRequest((send - t0) / 1e9, prompt, output,
+                                   index % groups if grouped else None, prefix if grouped else 0))
     return Demand.from_requests(requests, label=f"replay of {path}")
 
 
@@ -367,3 +393,17 @@ def closed_loop(n: int, users: int, lengths: LengthMix, *, think_s: float = 0.0,
         start = np.sort(np.random.default_rng([seed, 2]).uniform(0, stagger_s, size=users))
     return Demand(prompt, output, group, prefix, users=users, think_s=think_s,
                   label=f"closed loop, {users} users", start_s=start)
+
+
+def from_trace(trace: Trace) -> Demand:
+    """A trace's requests (:func:`pdscope.workload.traces.read_trace`) at its times, with its
+    lengths; a request whose leading hash blocks another request also starts with is in a
+    prefix group of that many blocks' tokens (:func:`~pdscope.workload.traces.shared_prefixes`).
+
+    The simulator knows one prefix a group: a request is put in the group of its longest
+    shared chain, so one that shares 12 blocks with a neighbour and 1 with everyone is counted
+    as sharing the 12 (a chain of Mooncake's conversation trace)."""
+    shared = shared_prefixes(trace.entries, trace.block_tokens)
+    requests = [SimRequest(e.offset_s, e.input_tokens, e.output_tokens, s.group, s.tokens)
+                for e, s in zip(trace.entries, shared, strict=True)]
+    return Demand.from_requests(requests, label=trace.describe())

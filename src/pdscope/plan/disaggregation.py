@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pdscope.client.options import at_least
+from pdscope.checks import at_least
 from pdscope.errors import InputError
 from pdscope.roofline import GB
 

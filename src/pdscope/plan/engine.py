@@ -411,6 +411,8 @@ class BudgetEngine(Engine):
             if limited:
                 pool.take(need)
             ledger.computed[r] = cached
+            if not ledger.preemptions[r]:
+                ledger.cached[r] = cached
             running[r] = None
             chunks.append((r, p))
             tokens += p
@@ -513,7 +515,33 @@ class BudgetEngine(Engine):
         del self.running[r]
         if r == self.partial:
             self.partial = -1
+        if self.caching and self.ledger.seeds[r]:
+            self._seed(r, kv_tokens)
         self._free_blocks(r, kv_tokens)
+
+    def _seed(self, r: int, kv_tokens: int) -> None:
+        """``r`` leaves and the next turn of its conversation starts with its sequence: the full
+        blocks of its ``kv_tokens`` become its group's cached prefix. vLLM caches a request's
+        full blocks as they are computed, its answer's too, and keeps them findable after it
+        ends (``KVCacheManager.allocate_slots``: ``cache_blocks`` up to ``min(computed + new,
+        request.num_tokens)``, in ``vllm/v1/core/kv_cache_manager.py``); the last sampled token
+        was never computed, so a finished request leaves ``prompt + output - 1`` tokens."""
+        ledger = self.ledger
+        g = ledger.group[r]
+        keep = kv_tokens // self.block
+        shared = ledger.shared[r]
+        if keep <= shared:
+            return
+        pool = self.pool
+        if shared:
+            pool.extend(g, keep)
+        elif pool.is_cached(g):
+            return  # another request holds the group's prefix: leave it be
+        else:
+            pool.adopt(g, keep)
+        if not self.limited:
+            pool.take(keep - shared)  # an unlimited pool counts only the prefixes' blocks
+        ledger.shared[r] = keep
 
     def _still_reading(self, r: int) -> None:
         self.partial = r
@@ -617,6 +645,7 @@ class SlotsEngine(Engine):
             self.free_slots -= 1
             self.slot_of[r] = s
             ledger.computed[r] = cached
+            ledger.cached[r] = cached
             insort(self.reading, s)
         chunks: list[tuple[int, int]] = []
         tokens = 0

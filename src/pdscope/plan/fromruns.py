@@ -38,24 +38,27 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from pdscope.client.record import RequestRecord
-from pdscope.errors import InputError, RunError
+from pdscope.errors import Field, InputError, Note, RunError
 from pdscope.hardware import DeviceSpec
 from pdscope.load.results import BenchRun, read_run
 from pdscope.metrics.recorder import read_recording
 from pdscope.model.geometry import ModelGeometry
 from pdscope.plan.calibrate import (
+    CalibratedServer,
     Calibration,
     Point,
-    hardware_figures,
     prefill_observation,
     scheduler_from_settings,
 )
-from pdscope.plan.stepmodel import StepObservation, fit_step_model, roofline_prior
+from pdscope.plan.stepmodel import (
+    HardwareFigures,
+    StepObservation,
+    fit_step_model,
+    roofline_prior,
+)
 from pdscope.servers import ServerFamily, ServerSettings, family
 
 NS = 1e9
@@ -109,13 +112,13 @@ def calibrate_from_runs(paths: Sequence[str | Path], *, model: ModelGeometry | N
     if not paths:
         raise InputError("calibrating from runs needs at least one run folder")
     runs = [run_folder(p) for p in paths]
-    kinds = sorted({str(r.meta.get("server")) for r in runs})
-    models = sorted({str(r.meta.get("model")) for r in runs})
+    kinds = sorted({str(r.meta.server) for r in runs})
+    models = sorted({str(r.meta.model) for r in runs})
     if len(kinds) > 1 or len(models) > 1:
         raise InputError(f"the runs are of different servers or models ({', '.join(kinds)};"
                          f" {', '.join(models)}): calibrate one server at a time")
     first = runs[0]
-    fam = family(first.meta.get("server"))
+    fam = family(first.meta.server)
     notes: list[str] = []
     settings = _recorded_settings(runs, fam, notes)
     scheduler, assumptions = scheduler_from_settings(settings, fam.scheduling)
@@ -124,7 +127,7 @@ def calibrate_from_runs(paths: Sequence[str | Path], *, model: ModelGeometry | N
     shared = 0
     for run in runs:
         streams = _streams(run)
-        if int(run.meta.get("prefix_groups") or 0) > 0:
+        if (run.meta.prefix_groups or 0) > 0:
             shared += 1
         else:
             points += _prefill_points(streams, budget, run.path.name)
@@ -136,19 +139,16 @@ def calibrate_from_runs(paths: Sequence[str | Path], *, model: ModelGeometry | N
     notes += _coverage(points)
     prior = roofline_prior(model, device) if model is not None and device is not None else None
     if prior is None:
-        notes.append("no roofline prior (give --model-config and --device): a term the runs"
-                     " could not see is 0")
+        notes.append(Note("no roofline prior (give ", Field("model"), " and ", Field("device"),
+                          "): a term the runs could not see is 0"))
     fitted_model = fit_step_model([p.observation for p in points], prior=prior)
     fitted = tuple(Point(p.part, p.label, p.observation, fitted_model.predict(p.observation))
                    for p in points)
-    server: dict[str, Any] = {
-        "url": first.meta.get("url"), "family": fam.name,
-        "version": first.meta.get("server_version"), "model": first.meta.get("model"),
-        "api": first.meta.get("api"), "settings": settings.to_json(),
-        "device": device.name if device else None, "model_source": model_source,
-        **hardware_figures(model, device),
-        "runs": [str(r.path) for r in runs],
-    }
+    server = CalibratedServer(
+        url=first.meta.url, family=fam.name, version=first.meta.server_version,
+        model=first.meta.model, api=first.meta.api, settings=settings,
+        device=device.name if device else None, model_source=model_source,
+        hardware=HardwareFigures.of(model, device), runs=tuple(str(r.path) for r in runs))
     return Calibration(fitted_model, scheduler, server, fitted, tuple(assumptions),
                        tuple(notes), duration_s=None)
 
@@ -180,14 +180,8 @@ def _recorded_settings(runs: Sequence[BenchRun], fam: ServerFamily,
 
 def _streams(run: BenchRun) -> list[_Stream]:
     """The run's requests that reached the server, in the order they were sent."""
-    records = []
-    for row in run.requests:
-        try:
-            record = RequestRecord.from_dict(row)
-        except (TypeError, ValueError):
-            continue
-        if record.t_send_ns is not None:
-            records.append((record, bool(row.get("warmup"))))
+    records = [(row.record, row.warmup) for row in run.requests
+               if row.record.t_send_ns is not None]
     records.sort(key=lambda rw: int(rw[0].t_send_ns or 0))
     out = []
     for n, (r, warmup) in enumerate(records):

@@ -72,6 +72,12 @@ class BlockPool:
         self.refs[group] = 1
         self.blocks[group] = blocks
 
+    def extend(self, group: int, blocks: int) -> None:
+        """The one running request that shares ``group``'s prefix makes its first ``blocks``
+        blocks (more than the prefix has) the group's prefix: they are counted under the group
+        from now on, still once (a conversation's turn whose answer the next turn starts with)."""
+        self.blocks[group] = blocks
+
     def release(self, own_blocks: int, group: int | None) -> None:
         """A request leaves (finished or preempted): its own blocks are free, and its share of
         ``group``'s prefix, the last one, makes that prefix evictable."""

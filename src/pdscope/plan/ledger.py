@@ -22,7 +22,12 @@ class Ledger:
     ``target`` (tokens of the prompt, or of the prompt and the answer so far after a preemption,
     in the cache and to be computed), ``shared`` (KV blocks of a cached prefix it shares),
     ``stint`` (bumped at each preemption, to recognise stale entries) and ``last_token`` (when
-    a preempted request's last token came)."""
+    a preempted request's last token came).
+
+    ``cached``: prompt tokens the prefix cache served at a request's first admission (what a
+    server reports as cached tokens); ``seeds``: the request is followed by one of its prefix
+    group (a conversation's next turn), so its KV cache becomes the group's prefix when it
+    leaves."""
 
     def __init__(self, demand: Demand) -> None:
         n = len(demand)
@@ -45,3 +50,9 @@ class Ledger:
         self.base: list[int] = [0] * n
         self.stint: list[int] = [0] * n
         self.last_token: list[float] = [NOT_YET] * n
+        self.cached: list[int] = [0] * n
+        self.seeds: list[bool] = [False] * n
+        if demand.follows is not None:
+            for f, r in enumerate(demand.follows.tolist()):
+                if r >= 0 and self.group[f] >= 0 and self.group[f] == self.group[r]:
+                    self.seeds[r] = True

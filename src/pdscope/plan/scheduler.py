@@ -24,11 +24,20 @@ calibration maps a family to a policy):
 
 ``slots`` — llama.cpp's server and Ollama: ``slots`` parallel sequences (``--parallel``,
 ``OLLAMA_NUM_PARALLEL``); a new request takes a free slot (the one that last served its prefix
-group if free, else the least recently used); each batch holds the decoding slots' tokens, then
-prompt tokens of the slots still reading their prompts, in slot order, up to ``n_batch`` tokens
-(llama.cpp's ``update_slots``). A slot keeps its last prompt, so a request of the same prefix
-group on the same slot skips the prefix (at token granularity). Each slot has its own context,
-so there is no shared pool to run out of and no preemption.
+group if free, else the least recently used), and waits while none is free; each batch holds
+the decoding slots' tokens, then prompt tokens of the slots still reading their prompts, in
+slot order, up to ``n_batch`` tokens. A slot keeps its last prompt, so a request of the same
+prefix group on the same slot skips the prefix (at token granularity). Each slot has its own
+context, so there is no shared pool to run out of and no preemption. Read in llama-server's
+source (llama.cpp 0c1e570, the tree the lab builds), ``tools/server/server-context.cpp``:
+``get_available_slot`` takes the idle slot whose cached prompt shares the longest prefix with
+the new one, above ``slot_prompt_similarity`` (0.1 by default, ``common/common.h``), else the
+idle slot with the oldest ``t_last_used``; with no idle slot the task is deferred
+(``queue_tasks.defer``, counted by ``llamacpp:requests_deferred``). ``update_slots`` clears the
+batch, adds one sampled token for every generating slot, then, with continuous batching on (the
+default), walks the slots in order adding prompt tokens while ``batch.size() < n_batch``; the
+batch is decoded in one ``llama_decode`` (split into ``n_ubatch`` micro-batches inside it), so
+every slot's next token waits for the whole batch.
 
 Simplifications, both policies: no speculative decoding, no context limit, a request's output
 length is known; eviction removes a cached prefix whole; a preempted request's own blocks are not
@@ -40,7 +49,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pdscope.client.options import at_least
+from pdscope.checks import at_least
 from pdscope.errors import InputError
 
 POLICIES = ("budget", "slots")

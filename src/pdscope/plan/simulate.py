@@ -36,6 +36,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
@@ -43,6 +44,16 @@ from typing import Any, Literal
 import numpy as np
 
 from pdscope.errors import InputError
+from pdscope.figures import (
+    LATENCIES,
+    OUTPUT_THROUGHPUT,
+    REQUEST_THROUGHPUT,
+    Figures,
+    ResultKind,
+    number,
+    register,
+    scalars,
+)
 from pdscope.plan.demand import Demand
 from pdscope.plan.disaggregation import Disaggregation
 from pdscope.plan.engine import BudgetEngine, Engine, SlotsEngine, Stats
@@ -108,6 +119,10 @@ class SimResult:
     kv_arrival_s: np.ndarray | None = None
     # The step model's jitter (equal-probability quantiles, seconds): added to every gap.
     jitter_s: tuple[float, ...] = ()
+    # Prompt tokens the prefix cache served at each request's first admission (``None``: not
+    # recorded), and the demand's ``follows`` (``None``: no request follows another).
+    cached_tokens: np.ndarray | None = None
+    follows: np.ndarray | None = None
 
     @property
     def completed(self) -> int:
@@ -213,6 +228,24 @@ class SimResult:
                                               if len(sent) else None)
         return out
 
+    def figures(self) -> Figures:
+        return prediction_figures(self.summary())
+
+
+PREDICTION_METRICS = (*LATENCIES, REQUEST_THROUGHPUT, OUTPUT_THROUGHPUT)
+
+
+def prediction_figures(d: Mapping[str, Any]) -> Figures:
+    """A prediction's figures from its summary (``plan predict --json``): its latencies and
+    throughputs, the figures a bench run of the same load measures."""
+    return Figures("prediction", PREDICTION_METRICS,
+                   scalars=scalars(**{m.name: number(d.get(m.name)) for m in PREDICTION_METRICS}))
+
+
+PREDICTION = register(ResultKind(
+    "prediction", PREDICTION_METRICS, from_json=prediction_figures,
+    recognise=lambda d: "simulated_requests" in d, compares_with=frozenset({"bench"})))
+
 
 def _number(x: float) -> float | None:
     return None if math.isnan(x) else x
@@ -264,6 +297,75 @@ def _check_fits(demand: Demand, scheduler: SchedulerConfig) -> None:
             f" than the pool's {blocks}: it could never be served")
 
 
+class _Arrivals:
+    """When each request is sent. Requests whose times are known in advance (an open loop, a
+    closed loop's first requests, a conversation's first turns) come in order of time; the rest
+    are sent when a request ends: a closed loop's next request (``k``-th sent, whichever user
+    is free), or the requests that follow the one that ended (a conversation's next turn), each
+    a think time later. Requests due at one instant go in the order they are sent (the demand's
+    index breaks ties), whichever way their times became known."""
+
+    def __init__(self, demand: Demand, arrival: list[float]) -> None:
+        n = len(demand)
+        self.arrival = arrival
+        self.think = demand.think_s
+        self.closed = demand.closed
+        self.sent = n
+        self.n = n
+        self.followers: dict[int, list[int]] = {}
+        if demand.closed:
+            users = min(n, demand.users or 1)
+            starts_s = demand.start_s
+            for k in range(users):
+                arrival[k] = 0.0 if starts_s is None else float(starts_s[k])
+            known = list(range(users))
+            self.sent = users
+        elif demand.follows is None:
+            known = list(range(n))
+        else:
+            follows = demand.follows.tolist()
+            known = [r for r in range(n) if follows[r] < 0]
+            for f, r in enumerate(follows):
+                if r >= 0:
+                    self.followers.setdefault(r, []).append(f)
+        times = np.asarray([arrival[r] for r in known], dtype=float)
+        order = np.argsort(times, kind="stable")
+        self.known = [known[i] for i in order.tolist()]
+        self.known_s = [*times[order].tolist(), math.inf]  # their times, and a sentinel
+        self.at = 0
+        self.later: list[tuple[float, int]] = []  # (send time, request): known from a finish
+        self.waiting = self.closed or bool(self.followers)  # some send waits for a finish
+
+    def next_s(self) -> float:
+        """When the next request is due (``inf``: none is known)."""
+        known = self.known_s[self.at]
+        later = self.later
+        return later[0][0] if later and later[0][0] < known else known
+
+    def pop(self) -> tuple[int, float]:
+        """The next request due and its time."""
+        at, later = self.at, self.later
+        t = self.known_s[at]
+        if t < math.inf and (not later or (t, self.known[at]) < later[0]):
+            self.at = at + 1
+            return self.known[at], t
+        t, r = heapq.heappop(later)
+        return r, t
+
+    def finished(self, r: int, t: float) -> None:
+        """Request ``r`` ended at ``t``: whatever waited for it is sent a think time later."""
+        due = t + self.think
+        if self.closed:
+            if self.sent < self.n:
+                self.arrival[self.sent] = due
+                heapq.heappush(self.later, (due, self.sent))
+                self.sent += 1
+            return
+        for f in self.followers.get(r, ()):
+            self.arrival[f] = due
+            heapq.heappush(self.later, (due, f))
+
+
 @dataclass
 class _Run:
     """One simulation: the ledger, the replicas and the arrivals still to come."""
@@ -305,26 +407,8 @@ class _Run:
 
     def run(self) -> None:
         ledger, stats, engines = self.ledger, self.stats, self.engines
-        n = ledger.n
-        arrival = ledger.arrival
-        closed = self.demand.closed
-        think = self.demand.think_s
         limit = self.limit_s
-        # Open loop: the arrival order. Closed loop: a heap of (send time, request).
-        order: list[int] = []
-        pending: list[tuple[float, int]] = []
-        sent = 0
-        if closed:
-            users = min(n, self.demand.users or 1)
-            starts_s = self.demand.start_s
-            for k in range(users):
-                arrival[k] = 0.0 if starts_s is None else float(starts_s[k])
-                pending.append((arrival[k], k))
-            heapq.heapify(pending)
-            sent = users
-        else:
-            order = np.argsort(np.asarray(arrival), kind="stable").tolist()
-        next_open = 0
+        arrivals = _Arrivals(self.demand, ledger.arrival)
         finished = stats.finished
         handed = stats.handed_off
         heap: list[tuple[float, int, int]] = []  # (step end, replica, version)
@@ -338,13 +422,10 @@ class _Run:
         inf = math.inf
         while True:
             te = heap[0][0] if heap else inf
-            if closed:
-                ta = pending[0][0] if pending else inf
-            else:
-                ta = arrival[order[next_open]] if next_open < n else inf
-            if ta > te:
-                ta = te
-            now = transfers[0][0] if transfers and transfers[0][0] < ta else ta
+            ta = arrivals.next_s()
+            now = ta if ta < te else te
+            if transfers and transfers[0][0] < now:
+                now = transfers[0][0]
             if now == inf or now > limit:
                 break
             starts: list[int] = []
@@ -361,25 +442,15 @@ class _Run:
                     self._send(r, t, split, link_free, transfers)
                 handed.clear()
             if finished:
-                if closed:
-                    for _, t in finished:
-                        if sent < n:
-                            arrival[sent] = t + think
-                            heapq.heappush(pending, (t + think, sent))
-                            sent += 1
+                if arrivals.waiting:
+                    for r, t in finished:
+                        arrivals.finished(r, t)
+                    ta = arrivals.next_s()
                 finished.clear()
             # Arrivals up to now.
-            while True:
-                if closed:
-                    if not pending or pending[0][0] > now:
-                        break
-                    t, r = heapq.heappop(pending)
-                else:
-                    if next_open >= n or arrival[order[next_open]] > now:
-                        break
-                    r = order[next_open]
-                    t = arrival[r]
-                    next_open += 1
+            while ta <= now:
+                r, t = arrivals.pop()
+                ta = arrivals.next_s()
                 i = 0 if replicas == 1 else min(front, key=lambda j: engines[j].unfinished)
                 ledger.replica[r] = i
                 engine = engines[i]
@@ -448,4 +519,6 @@ class _Run:
             kv_arrival_s=(None if self.disaggregation is None
                           else np.array(self.kv_arrival, dtype=float)),
             jitter_s=self.model.jitter_s,
+            cached_tokens=np.array(ledger.cached, dtype=np.int64),
+            follows=self.demand.follows,
         )

@@ -353,3 +353,52 @@ def roofline_prior(model: ModelGeometry, device: DeviceSpec, kv_dtype: str = "fp
         per_prompt, per_pair = linear / peak, attention / peak
     return StepModel(base, per_prompt, 0.0, per_context, per_pair,
                      extrapolation=f"roofline of {model.name} on {device.name}")
+
+
+@dataclass(frozen=True)
+class HardwareFigures:
+    """What a what-if needs to move a calibrated model to other hardware or precision: the
+    calibrated device's bandwidth (GB/s) and 16-bit compute (TFLOPS), the weights' bytes
+    each, and, for a disaggregated setup, the bytes of KV cache a token sends (16-bit
+    elements: vLLM's and llama.cpp's default cache type). ``None`` where it is not known."""
+
+    device_bandwidth_gb_s: float | None = None
+    device_bf16_tflops: float | None = None
+    bytes_per_weight: float | None = None
+    kv_bytes_per_token: float | None = None
+
+    @classmethod
+    def of(cls, model: ModelGeometry | None, device: DeviceSpec | None) -> HardwareFigures:
+        """The figures of ``model`` on ``device``, as far as each is known."""
+        kv = (kv_bytes_per_token(model) if model is not None and model.has_attention_shape
+              else None)
+        return cls(
+            device_bandwidth_gb_s=device.mem_bandwidth_gb_s if device else None,
+            device_bf16_tflops=device.bf16_tflops if device else None,
+            bytes_per_weight=model.bytes_per_weight if model else None,
+            kv_bytes_per_token=kv,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "device_bandwidth_gb_s": self.device_bandwidth_gb_s,
+            "device_bf16_tflops": self.device_bf16_tflops,
+            "bytes_per_weight": self.bytes_per_weight,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> HardwareFigures:
+        """The figures from a mapping that holds them (a calibration's ``server``); a figure
+        it lacks is ``None``. A number is kept as written (``23040`` stays an int)."""
+        return cls(**{name: _number(d.get(name)) for name in
+                      ("device_bandwidth_gb_s", "device_bf16_tflops", "bytes_per_weight",
+                       "kv_bytes_per_token")})
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"not a number: {value!r}")
+    return value

@@ -18,7 +18,7 @@ side by side.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,7 +29,7 @@ from pdscope.plan.demand import LengthMix, SharedPrefix, closed_loop
 from pdscope.plan.disaggregation import DEFAULT_LINK_GB_S, Disaggregation
 from pdscope.plan.scheduler import SchedulerConfig
 from pdscope.plan.simulate import simulate
-from pdscope.plan.stepmodel import StepModel
+from pdscope.plan.stepmodel import HardwareFigures, StepModel
 from pdscope.slo import SLO
 
 # The article's devices, and the token budgets the advice names (vLLM's default 2,048; 256 and
@@ -130,23 +130,23 @@ def disaggregation_changes(model: StepModel, scheduler: SchedulerConfig,
     return out, []
 
 
-def hardware_changes(model: StepModel, hardware: Mapping[str, Any],
+def hardware_changes(model: StepModel, hardware: HardwareFigures,
                      devices: Sequence[str] = DEVICES) -> tuple[list[Change], list[str]]:
     """The model moved to other ``devices`` and to 8- and 4-bit weights, from the calibrated
-    device's figures in ``hardware`` (``device_bandwidth_gb_s``, ``device_bf16_tflops``,
-    ``bytes_per_weight``). Returns the changes (scheduler unset: the caller's) and a note for
-    each that could not be made."""
+    device's figures in ``hardware`` (its bandwidth and compute, the weights' bytes each).
+    Returns the changes (scheduler unset: the caller's) and a note for each that could not be
+    made."""
     notes: list[str] = []
     out: list[Change] = []
     unset = SchedulerConfig()
-    if not hardware.get("device_bandwidth_gb_s"):
+    if not hardware.device_bandwidth_gb_s:
         notes.append("no other device: the calibrated device's bandwidth is not known")
     else:
         for name in devices:
             moved = on_device(model, hardware, name)
             out.append(Change(f"on {find_device(name).name}", moved, unset,
                               moved.extrapolation))
-    width = hardware.get("bytes_per_weight")
+    width = hardware.bytes_per_weight
     if not width:
         notes.append("no other precision: the weights' width is not known")
     else:
@@ -160,16 +160,16 @@ def hardware_changes(model: StepModel, hardware: Mapping[str, Any],
     return out, notes
 
 
-def on_device(model: StepModel, hardware: Mapping[str, Any], device: str) -> StepModel:
-    """The model moved from the calibrated device (``hardware``: its
-    ``device_bandwidth_gb_s`` and ``device_bf16_tflops``) to ``device`` by the roofline's
-    bandwidth and compute ratios (compute 1 where either figure is unknown)."""
+def on_device(model: StepModel, hardware: HardwareFigures, device: str) -> StepModel:
+    """The model moved from the calibrated device (``hardware``: its bandwidth and compute)
+    to ``device`` by the roofline's bandwidth and compute ratios (compute 1 where either
+    figure is unknown)."""
     spec = find_device(device)
-    bandwidth = hardware.get("device_bandwidth_gb_s")
+    bandwidth = hardware.device_bandwidth_gb_s
     if not bandwidth:
         raise InputError("the calibration does not say the bandwidth of the device it was made"
                          " on, so nothing can be scaled from it")
-    tflops = hardware.get("device_bf16_tflops")
+    tflops = hardware.device_bf16_tflops
     flops_ratio = spec.bf16_tflops / tflops if spec.bf16_tflops and tflops else 1.0
     ratio = spec.mem_bandwidth_gb_s / bandwidth
     return model.scaled(bandwidth_ratio=ratio, flops_ratio=flops_ratio,
@@ -183,7 +183,7 @@ def _device_words(spec: DeviceSpec, bandwidth_ratio: float, flops_ratio: float) 
 
 
 def standard_changes(model: StepModel, scheduler: SchedulerConfig,
-                     hardware: Mapping[str, Any] | None = None,
+                     hardware: HardwareFigures | None = None,
                      devices: Sequence[str] = DEVICES, *,
                      link_gb_s: float = DEFAULT_LINK_GB_S,
                      kv_bytes_per_token: float | None = None) -> tuple[list[Change], list[str]]:
@@ -191,10 +191,10 @@ def standard_changes(model: StepModel, scheduler: SchedulerConfig,
 
     ``kv_bytes_per_token`` (default: ``hardware``'s, which a calibration writes from the
     model's geometry) and ``link_gb_s`` set the disaggregated rows' transfers."""
-    hardware = hardware or {}
+    hardware = hardware or HardwareFigures()
     changes = [Change("as calibrated", model, scheduler)]
     changes += [Change(label, model, s) for label, s in scheduler_changes(scheduler)]
-    kv = kv_bytes_per_token or hardware.get("kv_bytes_per_token")
+    kv = kv_bytes_per_token or hardware.kv_bytes_per_token
     split, notes = disaggregation_changes(model, scheduler, kv, link_gb_s)
     changes += split
     moved, more = hardware_changes(model, hardware, devices)

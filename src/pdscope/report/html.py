@@ -52,12 +52,22 @@ class PhaseCard:
     ceiling: float | None
     unit: str
     lines: Sequence[str]
+    at_least: bool = False  # the ceiling is a measurement that beat the specs' (roofline.Held)
 
     @property
     def fraction(self) -> float | None:
+        """The rate's share of the ceiling, never above 1: a ceiling below the measurement
+        is a wrong ceiling, and the caller holds it at the measurement (``at_least``)."""
         if self.rate is None or not self.ceiling:
             return None
-        return self.rate / self.ceiling
+        return min(1.0, self.rate / self.ceiling)
+
+    @property
+    def ceiling_text(self) -> str:
+        """The ceiling as printed: "at least" it when a measurement beat the specs'."""
+        if self.ceiling is None:
+            return "—"
+        return f"{'at least ' if self.at_least else ''}{self.ceiling:,.0f}"
 
 
 def _card(p: PhaseCard) -> str:
@@ -66,7 +76,7 @@ def _card(p: PhaseCard) -> str:
     if frac is not None:
         width = max(1.0, min(100.0, frac * 100))
         meter = (f'<div class="meter" title="{frac:.0%} of the ceiling"><span style="width:'
-                 f'{width:.1f}%"></span></div><div>{p.rate:,.1f} of {p.ceiling:,.0f} {p.unit}'
+                 f'{width:.1f}%"></span></div><div>{p.rate:,.1f} of {p.ceiling_text} {p.unit}'
                  f" the hardware allows: <b>{frac:.0%}</b></div>")  # fmt: skip
     lines = "".join(f"<div>{escape(line)}</div>" for line in p.lines)
     return (f'<div class="card"><h3>{escape(p.name)}</h3><div class="big">'
@@ -90,8 +100,10 @@ def render(
     charts: Sequence[Chart],
     tables: Sequence[Table] = (),
     raw: dict[str, Any] | None = None,
+    warnings: Sequence[str] = (),
 ) -> str:
-    """The whole report. ``findings`` are the rules' JSON (``Finding.to_json()``)."""
+    """The whole report. ``findings`` are the rules' JSON (``Finding.to_json()``);
+    ``warnings`` are shown under the phases (a ceiling a measurement beat, and why)."""
     fired = [f for f in findings if f["status"] == "fired"]
     clear = [f for f in findings if f["status"] == "clear"]
     missing = [f for f in findings if f["status"] == "insufficient"]
@@ -100,6 +112,7 @@ def render(
         '<h2>The two phases, each beside its ceiling</h2><div class="phases">',
         *(_card(p) for p in phases),
         "</div>",
+        *(f'<p class="chart-note">warning: {escape(w)}</p>' for w in warnings),
         f"<h2>What to change ({len(fired)} findings)</h2>",
         *(_finding(f) for f in fired),
     ]

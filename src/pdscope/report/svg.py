@@ -1,7 +1,7 @@
 """Charts as inline SVG: a report that opens anywhere, with no network and no script.
 
 One function, :func:`chart`, draws an experiment's chart data
-(:class:`pdscope.experiments.common.Chart`: lines, points or bars on linear axes, with shaded
+(:class:`pdscope.charts.Chart`: lines, points or bars on linear axes, with shaded
 spans such as the window of an injected prefill) with ticks and a legend. Numbers in, a string
 out.
 """

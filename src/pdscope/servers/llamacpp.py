@@ -30,6 +30,15 @@ Where each fact was checked:
 * Settings: ``GET /props`` (``total_slots``, ``default_generation_settings.n_ctx``, a slot's
   context) and ``/slots`` (``n_ctx``, ``is_processing`` a slot), server-context.cpp; defaults
   from ``common/common.h`` and the flags from ``common/arg.cpp`` of the same tree.
+* Offload: ``/props`` says nothing of the layers on the GPU in this version (0c1e570; see
+  ``tests/data/captured/llama-server-0c1e570-props.json``); the flags do. ``-ngl``,
+  ``--gpu-layers``, ``--n-gpu-layers`` N (also ``auto``, the default, which fits what fits,
+  and ``all``), ``common/arg.cpp``; llama.cpp counts the output layer as one more
+  (``llama_model::n_gpu_layers``, "plus 1 for the output layer", and the start-up line
+  "offloaded N/n_layer+1 layers to GPU", ``src/llama-model.cpp``). The share on the GPU is
+  read as N / (the model's layers + 1); ``auto`` or no flag is not known. llama-cpp-python's
+  ``--n_gpu_layers`` defaults to 0, every layer on the CPU, and -1 is all (its
+  ``settings.py``).
 * Flags: ``tools/server/README.md`` (its flag table is generated from ``common/arg.cpp``);
   llama-cpp-python 0.3.36 as installed, ``llama_cpp/server/settings.py`` and
   ``python -m llama_cpp.server --help``.
@@ -48,6 +57,7 @@ from pdscope.servers.family import (
     ServerFamily,
     ServerSettings,
     Tokenizer,
+    WeightPlacement,
     flag_value,
     int_or_none,
     models_root_paths,
@@ -64,6 +74,9 @@ METRICS = MetricMap(
     # Only builds older than the README at 00dc8057 export this; read it where it is present.
     kv_usage=("llamacpp:kv_cache_usage_ratio",),
     prompt_tokens=("llamacpp:prompt_tokens_total",),
+    # The prompt cache: tokens reused from a slot's last prompt against those computed.
+    prefix_hits=("llamacpp:prompt_tokens_cached_total",),
+    prefix_misses=("llamacpp:prompt_tokens_total",),
     generation_tokens=("llamacpp:tokens_predicted_total",),
     prefill_seconds=("llamacpp:prompt_seconds_total",),
     decode_seconds=("llamacpp:tokens_predicted_seconds_total",),
@@ -76,6 +89,9 @@ METRICS = MetricMap(
         "e2e": "not exported by llama.cpp: /metrics has counters only, no latency histograms",
     },
     model_label=None,
+    # A task is deferred only when no slot is free (server-context.cpp, process_single_task:
+    # "if no slot is available, we defer this task for processing later").
+    waiting_for_slot=True,
 )
 
 _LLAMA = "ggml-org/llama.cpp tools/server/README.md@00dc8057ab28"
@@ -114,8 +130,9 @@ ADVICE = family_advice("llama.cpp", [
     Advice(
         "more_concurrent_sequences", "llama.cpp",
         "Start llama-server with more slots, -np/--parallel N, and a -c/--ctx-size large enough "
-        "for N contexts (llama-cpp-python serves one request at a time: run more processes "
-        "instead).",
+        "for N contexts (it is split between the slots), or with --kv-unified so that the "
+        "slots share one -c pool (llama-cpp-python serves one request at a time: run more "
+        "processes instead).",
         "--parallel", _LLAMA + "; " + _LCPP_ONE,
     ),
     Advice(
@@ -161,10 +178,45 @@ ADVICE = family_advice("llama.cpp", [
         None, _LLAMA + " (no replica flag)",
     ),
     Advice(
+        "longer_context", "llama.cpp",
+        "Give each slot more context: llama-server divides -c/--ctx-size between its "
+        "-np/--parallel slots (-c 8192 -np 4 is 2,048 tokens a request), so raise -c to the "
+        "slots times the longest prompt plus its answer, use fewer slots, or start it with "
+        "--kv-unified so a request may take the whole -c pool (llama-cpp-python: --n_ctx).",
+        "--ctx-size", _LLAMA + "; " + _LCPP + "; the lab's llama-server answers a prompt "
+        "over a slot's context with HTTP 400 exceed_context_size_error, n_ctx a slot's "
+        "(tests/data/captured/llama-server-0c1e570-error-too-long.json)",
+    ),
+    Advice(
+        "weights_on_gpu", "llama.cpp",
+        "Start llama-server with -ngl 999 (--n-gpu-layers; `all` in recent builds) so every "
+        "layer and the output layer sit in GPU memory; to make them fit, a smaller -c (the KV "
+        "of every slot is allocated at start), fewer -np slots, a smaller quantization "
+        "(Q4_K_M) or a q8_0 KV cache (-ctk q8_0 -ctv q8_0). llama-cpp-python: --n_gpu_layers "
+        "-1 (its default, 0, keeps every layer on the CPU).",
+        "--n-gpu-layers",
+        "ggml-org/llama.cpp common/arg.cpp and src/llama-model.cpp of the vendored tree 0c1e570 "
+        "(-ngl/--gpu-layers/--n-gpu-layers; the output layer counted as one more); " + _LLAMA
+        + "; " + _LCPP + " (`n_gpu_layers`, default 0, -1 for all); llama.cpp issue 2641 "
+        "(11 to 76 tok/s once every layer was on the GPU)",
+    ),
+    Advice(
         "disaggregate", "llama.cpp",
         "llama.cpp has no prefill/decode disaggregation: lower -b/--batch-size instead, or move "
         "to vLLM or SGLang when there are whole GPUs for each phase.",
         None, _LLAMA + " (no such flag in the server's table)",
+    ),
+    Advice(
+        "limit_thinking", "llama.cpp",
+        "Start llama-server with --reasoning-budget 0 to end the thinking at once, or N to cap "
+        "it at N tokens (--reasoning off where the template allows no thinking at all); keep "
+        "--reasoning-format deepseek (or auto) so the thought arrives in reasoning_content. "
+        "llama-cpp-python has no such flag: pass the model's template switch "
+        "(enable_thinking) in the request.",
+        "--reasoning-budget",
+        _LLAMA + " (--reasoning-budget N: \"-1 for unrestricted, 0 for immediate end, N>0 for "
+        "token budget\"; -rea/--reasoning on|off|auto; --reasoning-format none|deepseek|"
+        "deepseek-legacy); llama-cpp-python: not verified",
     ),
 ])
 # fmt: on
@@ -224,7 +276,30 @@ def read_settings(answers: Answers, info: Mapping[str, str] | None,
         context_tokens=slot_ctx,
         kv_unified=unified,
         ubatch_tokens=ubatch if ubatch is not None else DEFAULT_UBATCH,
+        weights=gpu_layers(flags),
         sources=tuple(sources))
+
+
+# llama.cpp counts the output layer beside the model's n_layer (src/llama-model.cpp).
+OUTPUT_LAYER = 1
+
+
+def gpu_layers(flags: Sequence[str]) -> WeightPlacement | None:
+    """The layers llama-server was asked to keep on the GPU (``-ngl N``, ``all``); ``None``
+    without the flag or with ``auto`` (the default: it fits what fits, and says so only in its
+    start-up log)."""
+    value = flag_value(flags, "-ngl", "--gpu-layers", "--n-gpu-layers")
+    if value is None or value.strip() == "auto":
+        return None
+    source = f"the server's flags: -ngl {value}"
+    if value.strip() == "all":
+        return WeightPlacement(all_layers=True, source=source)
+    n = int_or_none(value)
+    if n is None:
+        return None
+    if n < 0:  # -1 is auto, -2 and below all (common/common.h)
+        return WeightPlacement(all_layers=True, source=source) if n <= -2 else None
+    return WeightPlacement(gpu_layers=n, extra_layers=OUTPUT_LAYER, source=source)
 
 
 def _switch(flags: Sequence[str], on: Sequence[str], off: Sequence[str]) -> bool | None:
@@ -284,7 +359,24 @@ def read_settings_python(answers: Answers, info: Mapping[str, str] | None,
         budget_label=f"--n_batch {budget}" if budget is not None
         else "the server's default budget",
         max_sequences=1, context_tokens=int_or_none(flag_value(flags, "--n_ctx")),
+        weights=gpu_layers_python(flags),
         sources=("one request at a time (llama_cpp/server/app.py)",))
+
+
+def gpu_layers_python(flags: Sequence[str]) -> WeightPlacement | None:
+    """llama-cpp-python's ``--n_gpu_layers`` (default 0: every layer on the CPU; -1: all),
+    when its command line is known; ``None`` when it is not."""
+    if not flags:
+        return None
+    value = flag_value(flags, "--n_gpu_layers")
+    n = int_or_none(value) if value is not None else 0
+    source = (f"the server's flags: --n_gpu_layers {value}" if value is not None
+              else "llama-cpp-python's default --n_gpu_layers 0")
+    if n is None:
+        return None
+    if n < 0:
+        return WeightPlacement(all_layers=True, source=source)
+    return WeightPlacement(gpu_layers=n, extra_layers=OUTPUT_LAYER, source=source)
 
 
 def _fixed_python(max_tokens: int) -> dict[str, Any]:

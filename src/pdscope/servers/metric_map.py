@@ -37,6 +37,7 @@ ROLES: dict[str, Kind] = {
     "kv_usage": "gauge",  # fraction of the KV pool in use, 0..1
     "prefix_queries": "counter",  # prompt tokens looked up in the prefix cache
     "prefix_hits": "counter",  # of which found
+    "prefix_misses": "counter",  # prompt tokens not found, computed (where queries are not told)
     "prefix_hit_rate": "gauge",  # where a server exports the ratio instead of the counters
     "preemptions": "counter",
     "prompt_tokens": "counter",
@@ -63,6 +64,8 @@ class MetricMap:
     values are copies of one quantity (each tensor-parallel rank of SGLang can report the same
     queue): readers keep the lowest value of such a label instead of summing.
     ``estimates_flag`` is the server flag that turns on its read-bytes and FLOP estimates.
+    ``waiting_for_slot``: a request waits only when every one of a fixed number of slots is busy
+    (llama.cpp), so requests waiting say the slots are full whatever the KV cache holds.
     """
 
     name: str
@@ -80,6 +83,7 @@ class MetricMap:
     kv_usage: tuple[str, ...] = ()
     prefix_queries: tuple[str, ...] = ()
     prefix_hits: tuple[str, ...] = ()
+    prefix_misses: tuple[str, ...] = ()
     prefix_hit_rate: tuple[str, ...] = ()
     preemptions: tuple[str, ...] = ()
     prompt_tokens: tuple[str, ...] = ()
@@ -97,6 +101,7 @@ class MetricMap:
     replica_labels: tuple[str, ...] = ()
     model_label: str | None = "model_name"
     estimates_flag: str | None = None
+    waiting_for_slot: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.not_exported) - set(ROLES)

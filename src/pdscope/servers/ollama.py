@@ -10,8 +10,16 @@ Where each fact was checked (ollama/ollama ``docs/api.md``; real example respons
   tokenizer endpoint. Timing counters come in each final response.
 * The model: ``POST /api/show`` → ``model_info`` (its geometry).
 * Settings: ``GET /api/ps`` lists the loaded models (``size``, ``size_vram``, ``context_length``
-  in newer releases); the number of parallel requests is ``OLLAMA_NUM_PARALLEL``, which no
-  endpoint reports.
+  in newer releases; docs/api.md@01e52d24bc00, "List Running Models"); the number of parallel
+  requests is ``OLLAMA_NUM_PARALLEL``, which no endpoint reports.
+* Offload: ``size`` is the loaded model's whole footprint and ``size_vram`` the part in GPU
+  memory; the rest runs from system RAM. ``ollama ps`` prints the split as "37%/63% CPU/GPU",
+  CPU share = (``size`` - ``size_vram``) / ``size`` (ollama/ollama-python ``examples/ps.py``
+  @b23d79d8b5e5). The footprint holds the KV cache and compute buffers beside the weights, so
+  its share is taken as the weights'. Ollama places whole layers: the request option
+  ``num_gpu`` is the number of layers to put on the GPU (``api/types.go``, ``Runner.NumGPU``;
+  ``docs/api.md``'s options example), and raising ``OLLAMA_NUM_PARALLEL`` grows the KV cache
+  until layers spill (ollama/ollama issue 11942).
 * Flags and variables: ``docs/faq.mdx``, ``envconfig/config.go``, ``api/types.go``,
   ``docs/import.md`` and ``runner/ollamarunner/cache.go``.
 """
@@ -27,6 +35,7 @@ from pdscope.servers.family import (
     Detected,
     ServerFamily,
     ServerSettings,
+    WeightPlacement,
     int_or_none,
     str_or_none,
 )
@@ -112,10 +121,42 @@ ADVICE = family_advice("ollama", [
         None, _OLLAMA_FAQ + " (OLLAMA_HOST; no replica setting)",
     ),
     Advice(
+        "weights_on_gpu", "ollama",
+        "Make every layer fit in GPU memory, then Ollama keeps them there: a smaller quantization "
+        "(a q4_K_M tag), a smaller num_ctx (or OLLAMA_CONTEXT_LENGTH), or fewer "
+        "OLLAMA_NUM_PARALLEL (each parallel request holds a whole context of KV on the GPU); "
+        "num_gpu (a request option or `PARAMETER num_gpu`, layers on the GPU) forces more layers "
+        "there, and too many fails to load. `ollama ps` shows the split (PROCESSOR: 100% GPU).",
+        "num_gpu",
+        "ollama/ollama docs/api.md@01e52d24bc00 (options `num_gpu`; /api/ps `size`, "
+        "`size_vram`); api/types.go@00a4cb26ca09 (Runner option `num_gpu`); " + _OLLAMA_FAQ
+        + "; ollama/ollama issue 11942 (OLLAMA_NUM_PARALLEL spills layers)",
+    ),
+    Advice(
+        "longer_context", "ollama",
+        "Raise num_ctx to at least the prompt plus the answer (a request option "
+        "`options.num_ctx`, `PARAMETER num_ctx` in the Modelfile, or OLLAMA_CONTEXT_LENGTH "
+        "for the server's default): past it Ollama drops the start of the prompt without an "
+        "error and the model never sees it; each parallel request holds a whole num_ctx of "
+        "KV memory.",
+        "num_ctx", _OLLAMA_FAQ + "; ollama/ollama issues 10368, 17889 and 17427 (prompts cut "
+        "to num_ctx without an error; the log says `truncating input prompt`)",
+    ),
+    Advice(
         "disaggregate", "ollama",
         "Ollama has no prefill/decode disaggregation: lower num_batch instead, or move to vLLM "
         "or SGLang when there are whole GPUs for each phase.",
         None, _OLLAMA_FAQ + " (no such setting)",
+    ),
+    Advice(
+        "limit_thinking", "ollama",
+        "Send \"think\": false in the /api/chat or /api/generate request (or run with "
+        "--think=false); gpt-oss cannot stop thinking but takes \"think\": \"low\" for a "
+        "shorter thought (GET /api/show lists a model's thinking values).",
+        "think",
+        "ollama/ollama docs/capabilities/thinking.mdx@13422922984b (the `think` field: true, "
+        "false, null, or a level from /api/show `thinking.values`; GPT-OSS low/medium/high); "
+        "ollama.com/blog/thinking (CLI --think=false)",
     ),
 ])
 # fmt: on
@@ -147,7 +188,18 @@ def read_settings(answers: Answers, info: Mapping[str, str] | None,
         else {}
     return ServerSettings(
         context_tokens=int_or_none(first.get("context_length")),
+        weights=weight_placement(first),
         sources=("/api/ps; OLLAMA_NUM_PARALLEL is not reported by any endpoint",))
+
+
+def weight_placement(model: Mapping[str, Any]) -> WeightPlacement | None:
+    """Where a loaded model of ``/api/ps`` is: ``size_vram`` of its ``size`` in GPU memory.
+    ``None`` when either is missing (an older release, nothing loaded)."""
+    size, vram = int_or_none(model.get("size")), int_or_none(model.get("size_vram"))
+    if not size or vram is None:
+        return None
+    return WeightPlacement(size_bytes=size, gpu_bytes=vram,
+                           source="Ollama /api/ps: size_vram of size")
 
 
 FAMILY = ServerFamily(

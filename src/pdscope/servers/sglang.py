@@ -137,12 +137,37 @@ ADVICE = family_advice("sglang", [
         "--dp-size", _SGLANG,
     ),
     Advice(
+        "longer_context", "sglang",
+        "Start SGLang with a larger --context-length (by default the model's own, from its "
+        "config.json).",
+        "--context-length", _SGLANG,
+    ),
+    Advice(
+        "weights_on_gpu", "sglang",
+        "Start SGLang without --cpu-offload-gb (0, the default), so no weight is read from CPU "
+        "memory; make the model fit instead with --quantization fp8 or a pre-quantized "
+        "checkpoint, a lower --context-length, or more GPUs with --tp-size.",
+        "--cpu-offload-gb", _SGLANG + " (Offloading: --cpu-offload-gb, GB of RAM reserved for "
+        "CPU offloading, default 0)",
+    ),
+    Advice(
         "disaggregate", "sglang",
         "Only with whole GPUs to spare for each phase, run one SGLang server with "
         "--disaggregation-mode prefill and one with --disaggregation-mode decode, joined by a "
         "transfer backend (--disaggregation-transfer-backend); on one GPU, lower "
         "--chunked-prefill-size instead.",
         "--disaggregation-mode", _SGLANG,
+    ),
+    Advice(
+        "limit_thinking", "sglang",
+        "Turn the thinking off per request with chat_template_kwargs {\"enable_thinking\": "
+        "false} (Qwen3; DeepSeek-V3.1/V3.2 take `thinking` instead), or serve the model's "
+        "non-thinking variant (a Qwen3 -Thinking model always thinks); start SGLang with "
+        "--reasoning-parser so the thought arrives apart from the answer.",
+        "chat_template_kwargs",
+        "sgl-project/sglang docs/advanced_features/separate_reasoning (Qwen3 \"supports "
+        "enable_thinking parameter\"; DeepSeek-V3 \"thinking parameter (NOTE: not "
+        "enable_thinking)\"; Qwen3-Thinking \"always thinks\"; --reasoning-parser)",
     ),
 ])
 # fmt: on

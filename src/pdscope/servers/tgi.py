@@ -113,10 +113,29 @@ ADVICE = family_advice("tgi", [
         None, _TGI + " (no replica flag); docs/source/conceptual/chunking.md@8936a0379d37",
     ),
     Advice(
+        "longer_context", "tgi",
+        "Raise TGI's --max-input-tokens (the longest prompt) and --max-total-tokens (prompt "
+        "plus generated tokens) with it.",
+        "--max-input-tokens", _TGI,
+    ),
+    Advice(
+        "weights_on_gpu", "tgi",
+        "TGI keeps the whole model in GPU memory (its launcher has no CPU weight offload): if "
+        "the model does not fit, start it with --quantize (eetq, fp8, or a pre-quantized "
+        "checkpoint) or shard it over more GPUs with --num-shard.",
+        None, _TGI + " (no weight-offload option among the launcher's arguments)",
+    ),
+    Advice(
         "disaggregate", "tgi",
         "TGI's launcher has no prefill/decode disaggregation: lower --max-batch-prefill-tokens "
         "instead, or move to vLLM or SGLang when there are whole GPUs for each phase.",
         None, _TGI + " (no such flag)",
+    ),
+    Advice(
+        "limit_thinking", "tgi",
+        "TGI has no setting for a model's thinking: serve the model's non-thinking variant, "
+        "or use the model's own switch in the prompt where its template has one.",
+        None, _TGI + " (no reasoning option among the launcher's flags)",
     ),
 ])
 # fmt: on

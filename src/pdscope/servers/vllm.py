@@ -29,6 +29,9 @@ Where each fact was checked:
 * Flags: the argument parser of the installed vLLM 0.32.0 (``vllm/engine/arg_utils.py``,
   ``AsyncEngineArgs.add_cli_args``: option strings read from the parser), ``vllm/config/cache.py``
   (prefix caching on by default) and ``vllm/platforms/cpu.py`` (``VLLM_CPU_KVCACHE_SPACE``).
+* Offload: ``--cpu-offload-gb`` GiB of weights a GPU kept in CPU memory and streamed to the GPU
+  on every forward pass (default 0; ``vllm/config/offload.py``, ``UVAOffloadConfig``), read
+  from the flags where pdscope knows them.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from pdscope.servers.family import (
     ServerFamily,
     ServerSettings,
     Tokenizer,
+    WeightPlacement,
     flag_value,
     int_or_none,
     str_or_none,
@@ -167,11 +171,39 @@ ADVICE = family_advice("vllm", [
         "--data-parallel-size", _VLLM,
     ),
     Advice(
+        "longer_context", "vllm",
+        "Start vLLM with a larger --max-model-len (at most the model's own context, "
+        "max_position_embeddings in its config.json, unless it is stretched with rope "
+        "scaling): a prompt plus max_tokens beyond it is refused with HTTP 400.",
+        "--max-model-len", _VLLM + "; its 400 answers \"This model's maximum context length "
+        "is N tokens\" (serving layer) and \"is longer than the maximum model length\" "
+        "(input processor)",
+    ),
+    Advice(
+        "weights_on_gpu", "vllm",
+        "Start vLLM without --cpu-offload-gb (0, the default): every offloaded GiB is copied to "
+        "the GPU on every forward pass; make the model fit instead with a quantized checkpoint, "
+        "a lower --max-model-len, or more GPUs with --tensor-parallel-size.",
+        "--cpu-offload-gb", _VLLM + "; vllm/config/offload.py (UVAOffloadConfig.cpu_offload_gb, "
+        "GiB a GPU, default 0)",
+    ),
+    Advice(
         "disaggregate", "vllm",
         "Only with whole GPUs to spare for each phase, run separate prefill and decode vLLM "
         "instances joined by --kv-transfer-config with a KV connector (experimental); on one "
         "GPU, lower --max-num-batched-tokens instead.",
         "--kv-transfer-config", _VLLM,
+    ),
+    Advice(
+        "limit_thinking", "vllm",
+        "Turn the thinking off per request with chat_template_kwargs {\"enable_thinking\": "
+        "false} (Qwen3; DeepSeek-V3.1 and Granite take `thinking`, off unless asked); keep "
+        "vLLM's --reasoning-parser on so the thought arrives apart from the answer and pdscope "
+        "times both.",
+        "chat_template_kwargs",
+        "vLLM docs features/reasoning_outputs (v0.10.0, v0.11.2: \"The reasoning feature for "
+        "the Qwen3 series is enabled by default. To disable it, you must pass "
+        "enable_thinking=False in your chat_template_kwargs\"; --reasoning-parser)",
     ),
 ])
 # fmt: on
@@ -221,7 +253,25 @@ def read_settings(answers: Answers, info: Mapping[str, str] | None,
         prefill_budget_tokens=budget, budget_label=label, max_sequences=seqs,
         kv_pool_tokens=pool, block_size=block, prefix_caching=caching,
         context_tokens=int_or_none(flag_value(flags, "--max-model-len")),
+        weights=cpu_offload(flags),
         sources=tuple(sources))
+
+
+GIB = 2**30
+
+
+def cpu_offload(flags: Sequence[str]) -> WeightPlacement | None:
+    """``--cpu-offload-gb`` (GiB a GPU) where the flags give it; ``None`` otherwise (the
+    default is 0, but without the command line pdscope cannot tell)."""
+    value = flag_value(flags, "--cpu-offload-gb")
+    if value is None:
+        return None
+    try:
+        gib = float(value)
+    except ValueError:
+        return None
+    return WeightPlacement(cpu_bytes=gib * GIB, source=f"the server's flags: --cpu-offload-gb"
+                           f" {value} (GiB a GPU)")
 
 
 FAMILY = ServerFamily(

@@ -3,28 +3,30 @@ JSONL datasets and ShareGPT files. Seeded: the same seed gives the same requests
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pdscope.errors import InputError
+from pdscope.errors import Field, InputError
+from pdscope.workload.files import parse_json, read_text
 from pdscope.workload.prompts import PromptBuilder
 
 
 @dataclass(frozen=True)
 class WorkItem:
     """One request to send: a prompt (completions) or messages (chat), and its output length.
-    ``prompt_tokens`` is the expected prompt length where known; ``group`` the shared-prefix
-    group it belongs to."""
+    ``prompt_tokens`` is the expected prompt length where known (an estimate when
+    ``prompt_estimated``: no server tokenizer counted it); ``group`` the shared-prefix group it
+    belongs to."""
 
     max_tokens: int
     prompt: str | None = None
     messages: tuple[dict[str, str], ...] | None = None
     prompt_tokens: int | None = None
     group: int | None = None
+    prompt_estimated: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ async def synthetic(
     for i in range(n):
         want_in, want_out = input_len.draw(rng), output_len.draw(rng)
         prompt = await builder.build(want_in, i)
-        items.append(WorkItem(want_out, prompt=prompt.text, prompt_tokens=prompt.tokens))
+        items.append(WorkItem(want_out, prompt=prompt.text, prompt_tokens=prompt.tokens,
+                              prompt_estimated=not prompt.exact))
     return items
 
 
@@ -101,7 +104,7 @@ async def shared_prefix(
     """``n`` requests in ``groups`` groups; inside a group every prompt starts with the same
     system prompt of ``prefix_tokens`` tokens and ends with its own question."""
     if groups < 1:
-        raise InputError("--prefix-groups must be at least 1")
+        raise InputError(Field("prefix_groups"), " must be at least 1")
     rng = random.Random(seed)
     prefixes = [await builder.build(prefix_tokens, 10_000_000 + g) for g in range(groups)]
     items = []
@@ -111,28 +114,9 @@ async def shared_prefix(
         total = prefix.tokens + suffix_len.draw(rng)
         prompt = await builder.build(total, i, prefix=prefix.text)
         items.append(WorkItem(output_len.draw(rng), prompt=prompt.text,
-                              prompt_tokens=prompt.tokens, group=g))
+                              prompt_tokens=prompt.tokens, group=g,
+                              prompt_estimated=not prompt.exact))
     return items
-
-
-def _read_text(p: Path) -> str:
-    try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{p}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise InputError(f"cannot read dataset {p}: {exc.strerror or exc}") from None
-
-
-def _json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{where}: not JSON ({exc.msg})") from None
-    except RecursionError:
-        raise InputError(f"{where}: not JSON (nested too deep)") from None
-    except ValueError as exc:  # an integer of more than 4300 digits
-        raise InputError(f"{where}: not JSON ({str(exc).split(':')[0]})") from None
 
 
 def _item_from_record(obj: Any, where: str, default_max_tokens: int) -> WorkItem:
@@ -162,10 +146,10 @@ def load_jsonl(path: str | Path, default_max_tokens: int = 128) -> list[WorkItem
     items = []
     # Lines end at "\n" only: splitlines() would also cut at U+2028 and others, which JSON
     # strings may hold as they are.
-    for lineno, line in enumerate(_read_text(p).split("\n"), start=1):
+    for lineno, line in enumerate(read_text(p, "dataset").split("\n"), start=1):
         if not line.strip():
             continue
-        obj = _json(line, f"{p}:{lineno}")
+        obj = parse_json(line, f"{p}:{lineno}")
         items.append(_item_from_record(obj, f"{p}:{lineno}", default_max_tokens))
     if not items:
         raise InputError(f"{p}: no requests in the file")
@@ -188,7 +172,7 @@ def load_sharegpt(path: str | Path, default_max_tokens: int = 128) -> list[WorkI
     p = Path(path)
     if not p.exists():
         raise InputError(f"cannot read dataset {path}: no such file")
-    data = _json(_read_text(p), str(p))
+    data = parse_json(read_text(p, "dataset"), str(p))
     if not isinstance(data, list):
         raise InputError(f"{p}: a ShareGPT file is a JSON list of conversations")
     items = []

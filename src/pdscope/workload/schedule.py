@@ -1,6 +1,6 @@
 """When requests are sent: open-loop arrivals and the closed-loop alternative.
 
-Open loop (``--request-rate``) fixes every send time in advance, whatever happens to earlier
+Open loop (a stage's ``request_rate``) fixes every send time in advance, whatever happens to earlier
 requests, so a slow server cannot slow the load down and hide its own slowness (coordinated
 omission, as wrk2 avoids it). Gaps between arrivals follow a gamma distribution of shape
 ``burstiness`` and mean ``1 / rate``: burstiness 1 is a Poisson process, below 1 burstier, above
@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from pdscope.errors import InputError
+from pdscope.errors import Field, InputError
 
 
 def arrival_offsets(
@@ -27,14 +27,14 @@ def arrival_offsets(
 ) -> list[float]:
     """Send times in seconds from the start, for ``n`` requests and/or until ``duration_s``."""
     if rate <= 0:
-        raise InputError(f"--request-rate must be positive, got {rate:g}")
+        raise InputError(Field("request_rate"), f" must be positive, got {rate:g}")
     if burstiness <= 0:
-        raise InputError(f"--burstiness must be positive, got {burstiness:g}")
+        raise InputError(Field("burstiness"), f" must be positive, got {burstiness:g}")
     if n is None and duration_s is None:
-        raise InputError("give --num-prompts or --duration (or both)")
+        raise InputError("give ", Field("num_prompts"), " or ", Field("duration_s"), " (or both)")
     if math.isinf(rate):
         if n is None:
-            raise InputError("an infinite request rate needs --num-prompts")
+            raise InputError("an infinite request rate needs ", Field("num_prompts"))
         return [0.0] * n
     rng = np.random.default_rng(seed)
     theta = 1.0 / (rate * burstiness)
@@ -59,7 +59,7 @@ def parse_rates(text: str) -> list[float]:
         except ValueError:
             raise InputError(f"bad request rate {part!r}: a number a second, or inf") from None
         if not value > 0:
-            raise InputError(f"--request-rate must be positive, got {part}")
+            raise InputError(Field("request_rate"), f" must be positive, got {part}")
         out.append(value)
     return out
 
