@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 from rich.table import Table
 
@@ -14,6 +15,7 @@ from pdscope.cli.common import (
     err_console,
     float_in,
     int_in,
+    make_config,
     port,
     print_json,
     run_async,
@@ -28,6 +30,7 @@ from pdscope.selftest.check import (
     run_selftest,
     save,
 )
+from pdscope.selftest.pin import choose
 from pdscope.selftest.server import main as serve
 from pdscope.workload.schedule import parse_ints
 
@@ -36,6 +39,9 @@ EXAMPLES = """
   pdscope selftest --levels 1,50,200 --json
   pdscope selftest --levels 200,500,1000 --workers 2
       the same, the load split between two worker processes (as bench --workers 2)
+  pdscope selftest --pin --levels 200,500,1000,2000 --all-levels
+      the server on one core and the client on another (two cores at least): each side's
+      lateness is its own
   pdscope selftest --serve --port 8300 --itl-ms 10 --fault-rate 0.1
       run the reference server alone (127.0.0.1), to try any client against it
 """
@@ -70,6 +76,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=workers_count, metavar="N|auto",
                    help="split each level between N worker processes, as `bench --workers`"
                    " does (auto: one per core, less the reference server's)")
+    p.add_argument("--pin", action="store_true",
+                   help="pin the reference server to one core and the client (and its workers)"
+                   " to another, so that neither's lateness is the other's (needs two cores;"
+                   " with --serve: the server on its core)")
     p.add_argument("--serve", action="store_true",
                    help="only run the reference server until Ctrl-C (prints its URL)")
     p.add_argument("--port", type=port, default=0, help="with --serve: the port (0: any)")
@@ -80,7 +90,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    pinning = make_config(choose) if args.pin else None
     if args.serve:
+        if pinning is not None:
+            os.sched_setaffinity(0, {pinning.server_cpu})
         argv = ["--port", str(args.port), "--itl-s", str(args.itl_ms / 1000),
                 "--ttft-base-s", str(args.ttft_ms / 1000), "--fault-rate", str(args.fault_rate)]
         try:
@@ -101,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             output_tokens=args.output_tokens, stop_after_failure=not args.all_levels,
             ramp=not args.burst,
             progress=lambda c: err_console.print(f"[dim]concurrency {c}...[/dim]"),
-            workers=workers,
+            workers=workers, pin=args.pin,
         )
 
     result = run_async(main)
@@ -110,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
         print_json(result.to_json())
         return 0
     where = f"{workers} worker processes" if workers is not None else "one process"
+    if result.pinning is not None:
+        where += (f"; pinned: server on core {result.pinning.server_cpu}, client on core"
+                  f" {result.pinning.client_cpu}")
     console.print(f"reference server: TTFT {args.ttft_ms:g} ms, one token every"
                   f" {args.itl_ms:g} ms, {args.output_tokens} tokens; client event loop:"
                   f" {result.loop}, {where}")

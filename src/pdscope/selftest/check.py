@@ -19,6 +19,7 @@ than that.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from pdscope.client import Target, Timeouts, new_session
 from pdscope.load.runner import Stage, StageRun, run_stage
 from pdscope.load.workers import LocalPool, run_stage_workers
 from pdscope.paths import cache_root
+from pdscope.selftest.pin import Pinning, choose, pinned
 from pdscope.selftest.server import ReferenceConfig, run_in_subprocess
 from pdscope.units import NS
 from pdscope.workload.datasets import WorkItem
@@ -76,6 +78,7 @@ class SelftestResult:
     measured_at: float
     ramp: bool = True
     workers: int | None = None  # load worker processes; None: the client's own process
+    pinning: Pinning | None = None  # the server's core and the client's, when pinned
 
     @property
     def max_sustained(self) -> int | None:
@@ -95,6 +98,7 @@ class SelftestResult:
             "loop": self.loop,
             "ramp": self.ramp,
             "workers": self.workers,
+            "pinning": asdict(self.pinning) if self.pinning is not None else None,
             "measured_at": self.measured_at,
             "error_limit_ms": ERROR_LIMIT_MS,
             "max_sustained_concurrency": self.max_sustained,
@@ -164,34 +168,40 @@ async def run_selftest(
     stop_after_failure: bool = True,
     progress: Callable[[int], None] | None = None,
     workers: int | None = None,
+    pin: bool = False,
 ) -> SelftestResult:
     """Closed-loop stages at each concurrency against a reference server in its own process.
 
     Each stream sends ``rounds + 1`` requests; its first (the connection set-up and the burst
     of a stage's start) is a warm-up, left out. ``workers``: split each stage between this many
-    worker processes (:mod:`pdscope.load.workers`), as ``bench --workers`` does."""
+    worker processes (:mod:`pdscope.load.workers`), as ``bench --workers`` does. ``pin``: the
+    server on one core and the client (its workers too) on another
+    (:mod:`pdscope.selftest.pin`; an :class:`InputError` with fewer than two cores)."""
     config = ReferenceConfig(ttft_base_s=ttft_s, ttft_per_token_s=0.0, itl_s=itl_s)
     import asyncio
 
+    pinning = choose() if pin else None
     loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
-    pool = await LocalPool(workers).start() if workers is not None else None
-    try:
-        results = await _levels(levels, config, ttft_s, itl_s, output_tokens, rounds, ramp,
-                                stop_after_failure, progress, pool)
-    finally:
-        if pool is not None:
-            await pool.close()
+    with pinned(pinning.client_cpu) if pinning else contextlib.nullcontext():
+        pool = await LocalPool(workers).start() if workers is not None else None
+        try:
+            results = await _levels(levels, config, ttft_s, itl_s, output_tokens, rounds, ramp,
+                                    stop_after_failure, progress, pool,
+                                    pinning.server_cpu if pinning else None)
+        finally:
+            if pool is not None:
+                await pool.close()
     return SelftestResult(itl_s, ttft_s, output_tokens, tuple(results), loop_name, time.time(),
-                          ramp, workers)
+                          ramp, workers, pinning)
 
 
 async def _levels(levels: Sequence[int], config: ReferenceConfig, ttft_s: float, itl_s: float,
                   output_tokens: int, rounds: int, ramp: bool, stop_after_failure: bool,
                   progress: Callable[[int], None] | None,
-                  pool: LocalPool | None) -> list[LevelResult]:
+                  pool: LocalPool | None, server_cpu: int | None) -> list[LevelResult]:
     prompt = " ".join(["word"] * 16)
     results: list[LevelResult] = []
-    with run_in_subprocess(config) as url:
+    with run_in_subprocess(config, cpu=server_cpu) as url:
         target = Target(url, model=config.model)
         for c in levels:
             if progress:

@@ -90,6 +90,7 @@ from aiohttp import web
 
 from pdscope import __version__
 from pdscope.errors import RunError
+from pdscope.selftest.pin import pin_process
 
 SERVER_NAME = "pdscope-reference"
 HOST = "127.0.0.1"
@@ -732,12 +733,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 @contextlib.contextmanager
 def run_in_subprocess(
-    config: ReferenceConfig | None = None, start_timeout: float = 20.0
+    config: ReferenceConfig | None = None, start_timeout: float = 20.0, *,
+    cpu: int | None = None,
 ) -> Iterator[str]:
     """Run a reference server in its own Python process; yields its base URL.
 
     Its own process keeps its schedule free of the client's event loop (on one host both still
-    share the same monotonic clock). The process is stopped on the way out.
+    share the same monotonic clock). ``cpu``: pin the process to that core as soon as it is
+    started (:mod:`pdscope.selftest.pin`). The process is stopped on the way out.
     """
     config = config or ReferenceConfig()
     env = dict(os.environ)
@@ -751,6 +754,8 @@ def run_in_subprocess(
         text=True,
     )
     try:
+        if cpu is not None:
+            pin_process(proc.pid, cpu)
         assert proc.stdout is not None
         url = _await_ready(proc, start_timeout)
         yield url
