@@ -31,6 +31,7 @@ from pdscope.selftest.check import (
     save,
 )
 from pdscope.selftest.pin import choose
+from pdscope.selftest.server import LOOPS
 from pdscope.selftest.server import main as serve
 from pdscope.workload.schedule import parse_ints
 
@@ -80,6 +81,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="pin the reference server to one core and the client (and its workers)"
                    " to another, so that neither's lateness is the other's (needs two cores;"
                    " with --serve: the server on its core)")
+    p.add_argument("--server-loop", choices=LOOPS, default="auto",
+                   help="the reference server's event loop (default auto: uvloop when it is"
+                   " installed, as `pip install 'pdscope[fast]'` does; asyncio: Python's own)")
     p.add_argument("--serve", action="store_true",
                    help="only run the reference server until Ctrl-C (prints its URL)")
     p.add_argument("--port", type=port, default=0, help="with --serve: the port (0: any)")
@@ -94,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     if args.serve:
         if pinning is not None:
             os.sched_setaffinity(0, {pinning.server_cpu})
-        argv = ["--port", str(args.port), "--itl-s", str(args.itl_ms / 1000),
+        argv = ["--loop", args.server_loop,
+                "--port", str(args.port), "--itl-s", str(args.itl_ms / 1000),
                 "--ttft-base-s", str(args.ttft_ms / 1000), "--fault-rate", str(args.fault_rate)]
         try:
             serve(argv)
@@ -114,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             output_tokens=args.output_tokens, stop_after_failure=not args.all_levels,
             ramp=not args.burst,
             progress=lambda c: err_console.print(f"[dim]concurrency {c}...[/dim]"),
-            workers=workers, pin=args.pin,
+            workers=workers, pin=args.pin, server_loop=args.server_loop,
         )
 
     result = run_async(main)
@@ -123,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(result.to_json())
         return 0
     where = f"{workers} worker processes" if workers is not None else "one process"
+    where += f"; server event loop: {result.server_loop}"
     if result.pinning is not None:
         where += (f"; pinned: server on core {result.pinning.server_cpu}, client on core"
                   f" {result.pinning.client_cpu}")

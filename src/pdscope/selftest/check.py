@@ -34,7 +34,7 @@ from pdscope.load.runner import Stage, StageRun, run_stage
 from pdscope.load.workers import LocalPool, run_stage_workers
 from pdscope.paths import cache_root
 from pdscope.selftest.pin import Pinning, choose, pinned
-from pdscope.selftest.server import ReferenceConfig, run_in_subprocess
+from pdscope.selftest.server import ReferenceConfig, resolve_loop, run_in_subprocess
 from pdscope.units import NS
 from pdscope.workload.datasets import WorkItem
 
@@ -79,6 +79,7 @@ class SelftestResult:
     ramp: bool = True
     workers: int | None = None  # load worker processes; None: the client's own process
     pinning: Pinning | None = None  # the server's core and the client's, when pinned
+    server_loop: str = "auto"  # the reference server's event loop (server.LOOPS)
 
     @property
     def max_sustained(self) -> int | None:
@@ -99,6 +100,7 @@ class SelftestResult:
             "ramp": self.ramp,
             "workers": self.workers,
             "pinning": asdict(self.pinning) if self.pinning is not None else None,
+            "server_loop": self.server_loop,
             "measured_at": self.measured_at,
             "error_limit_ms": ERROR_LIMIT_MS,
             "max_sustained_concurrency": self.max_sustained,
@@ -169,6 +171,7 @@ async def run_selftest(
     progress: Callable[[int], None] | None = None,
     workers: int | None = None,
     pin: bool = False,
+    server_loop: str = "auto",
 ) -> SelftestResult:
     """Closed-loop stages at each concurrency against a reference server in its own process.
 
@@ -176,7 +179,9 @@ async def run_selftest(
     of a stage's start) is a warm-up, left out. ``workers``: split each stage between this many
     worker processes (:mod:`pdscope.load.workers`), as ``bench --workers`` does. ``pin``: the
     server on one core and the client (its workers too) on another
-    (:mod:`pdscope.selftest.pin`; an :class:`InputError` with fewer than two cores)."""
+    (:mod:`pdscope.selftest.pin`; an :class:`InputError` with fewer than two cores).
+    ``server_loop``: the server's event loop (``server.LOOPS``: uvloop when installed, or
+    asyncio's own, to measure what uvloop is worth)."""
     config = ReferenceConfig(ttft_base_s=ttft_s, ttft_per_token_s=0.0, itl_s=itl_s)
     import asyncio
 
@@ -187,21 +192,22 @@ async def run_selftest(
         try:
             results = await _levels(levels, config, ttft_s, itl_s, output_tokens, rounds, ramp,
                                     stop_after_failure, progress, pool,
-                                    pinning.server_cpu if pinning else None)
+                                    pinning.server_cpu if pinning else None, server_loop)
         finally:
             if pool is not None:
                 await pool.close()
     return SelftestResult(itl_s, ttft_s, output_tokens, tuple(results), loop_name, time.time(),
-                          ramp, workers, pinning)
+                          ramp, workers, pinning, resolve_loop(server_loop))
 
 
 async def _levels(levels: Sequence[int], config: ReferenceConfig, ttft_s: float, itl_s: float,
                   output_tokens: int, rounds: int, ramp: bool, stop_after_failure: bool,
                   progress: Callable[[int], None] | None,
-                  pool: LocalPool | None, server_cpu: int | None) -> list[LevelResult]:
+                  pool: LocalPool | None, server_cpu: int | None,
+                  server_loop: str) -> list[LevelResult]:
     prompt = " ".join(["word"] * 16)
     results: list[LevelResult] = []
-    with run_in_subprocess(config, cpu=server_cpu) as url:
+    with run_in_subprocess(config, cpu=server_cpu, loop=server_loop) as url:
         target = Target(url, model=config.model)
         for c in levels:
             if progress:

@@ -68,9 +68,9 @@ import asyncio
 import collections
 import contextlib
 import hashlib
-import heapq
 import json
 import logging
+import math
 import os
 import random
 import selectors
@@ -86,10 +86,11 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from pdscope import __version__
 from pdscope.errors import RunError
+from pdscope.selftest.pacing import PacedStream, Ticker, now_ns
 from pdscope.selftest.pin import pin_process
 
 SERVER_NAME = "pdscope-reference"
@@ -109,10 +110,11 @@ READY_PREFIX = "PDSCOPE_REFERENCE_LISTENING "
 RECEIVED_PATH = "/pdscope/received"
 RECEIVED = 64
 OVER_CONTEXT = ("allow", "refuse", "cut")
+# The server process's event loop: uvloop when it is installed (auto), or the one asked for.
+LOOPS = ("auto", "uvloop", "asyncio")
 REASONING_FORMS = ("reasoning_content", "reasoning", "think_tags", "ollama_thinking")
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
 
-now_ns = time.perf_counter_ns
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,9 @@ class ReferenceConfig:
     # schedule starts, as llama-server defers a request past its --parallel slots. A known
     # capacity: at ``slots`` streams nothing waits, one more and a request waits a whole one.
     slots: int = 0
+    # Streams without a fault, jitter, thought or usage in every chunk are written by the
+    # ticker from templates (pacing.py); False: every stream by the slow path, to compare.
+    fast_path: bool = True
     api_key: str | None = None
 
     def __post_init__(self) -> None:
@@ -197,6 +202,12 @@ class ReferenceConfig:
 
 def parse_args(argv: Sequence[str] | None) -> ReferenceConfig:
     """The config of ``python -m pdscope.selftest.server`` flags (see :meth:`to_argv`)."""
+    return _parse(argv)[0]
+
+
+def _parse(argv: Sequence[str] | None) -> tuple[ReferenceConfig, str]:
+    """The config of the flags, and the event loop asked for (``--loop``: one of
+    :data:`LOOPS`; a property of the process, not of the schedule, so not in the config)."""
     parser = argparse.ArgumentParser(
         prog="python -m pdscope.selftest.server",
         description="pdscope's reference streaming server (OpenAI API, exact schedule, faults)."
@@ -210,8 +221,13 @@ def parse_args(argv: Sequence[str] | None) -> ReferenceConfig:
         kind = type(default)
         if isinstance(default, tuple):
             parser.add_argument(f"--{f.name.replace('_', '-')}", default=",".join(default))
+        elif isinstance(default, bool):
+            parser.add_argument(f"--{f.name.replace('_', '-')}", type=_flag_bool,
+                                default=default)
         else:
             parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=default)
+    parser.add_argument("--loop", choices=LOOPS, default="auto",
+                        help="the event loop (auto: uvloop when it is installed)")
     ns = parser.parse_args(argv)
     kw: dict[str, Any] = {}
     for f in fields(ReferenceConfig):
@@ -222,9 +238,37 @@ def parse_args(argv: Sequence[str] | None) -> ReferenceConfig:
             value = tuple(v for v in str(value).split(",") if v)
         kw[f.name] = value
     try:
-        return ReferenceConfig(**kw, api_key=os.environ.get(API_KEY_ENV) or None)
+        config = ReferenceConfig(**kw, api_key=os.environ.get(API_KEY_ENV) or None)
     except ValueError as exc:
         parser.error(str(exc))
+    if ns.loop == "uvloop" and not _has_uvloop():
+        parser.error("--loop uvloop: uvloop is not installed (pip install 'pdscope[fast]')")
+    return config, ns.loop
+
+
+def _flag_bool(text: str) -> bool:
+    """A bool flag's value as :meth:`ReferenceConfig.to_argv` writes it (``True``, ``False``)."""
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"not true or false: {text!r}")
+
+
+def resolve_loop(loop: str) -> str:
+    """The event loop a server process asked for ``loop`` runs: ``auto`` is uvloop when it is
+    installed (in this interpreter, the one the process is started with), else asyncio."""
+    if loop == "auto":
+        return "uvloop" if _has_uvloop() else "asyncio"
+    return loop
+
+
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def count_words(text: str) -> int:
@@ -269,77 +313,6 @@ def token_ids(text: str) -> list[int]:
     return [zlib.crc32(w.encode()) % 100_000 for w in text.split()]
 
 
-async def sleep_until(due_ns: int, spin_ns: int) -> None:
-    """Sleep with the event loop until ``spin_ns`` before ``due_ns``, then yield until it."""
-    while True:
-        remaining = due_ns - now_ns()
-        if remaining <= 0:
-            return
-        if remaining > spin_ns:
-            await asyncio.sleep((remaining - spin_ns) / 1e9)
-        else:
-            await asyncio.sleep(0)
-
-
-class Ticker:
-    """Wakes many streams at their due times with one timer and one spinner.
-
-    A stream per coroutine spinning before each of its tokens costs nothing at one stream and
-    swamps the event loop at hundreds (each spends ``spin`` of every ITL yielding). Here every
-    stream parks a future under its due time; one task sleeps to the earliest, spins the last
-    ``spin_ns`` once, and wakes every stream that is due.
-    """
-
-    def __init__(self, spin_ns: int) -> None:
-        self.spin_ns = spin_ns
-        self._heap: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._seq = 0
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    async def wait(self, due_ns: int) -> None:
-        if due_ns <= now_ns():
-            return
-        loop = asyncio.get_running_loop()
-        if self._task is None or self._task.done():
-            self._wake = asyncio.Event()
-            self._task = loop.create_task(self._run())
-        fut: asyncio.Future[None] = loop.create_future()
-        self._seq += 1
-        heapq.heappush(self._heap, (due_ns, self._seq, fut))
-        assert self._wake is not None
-        self._wake.set()
-        await fut
-
-    async def _run(self) -> None:
-        assert self._wake is not None
-        while True:
-            while not self._heap:
-                self._wake.clear()
-                await self._wake.wait()
-            due = self._heap[0][0]
-            remaining = due - now_ns()
-            if remaining > self.spin_ns:
-                self._wake.clear()
-                # Sleep to the spin window, or until an earlier due time is parked.
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), (remaining - self.spin_ns) / 1e9)
-                continue
-            if remaining > 0:
-                await asyncio.sleep(0)
-                continue
-            now = now_ns()
-            while self._heap and self._heap[0][0] <= now:
-                _, _, fut = heapq.heappop(self._heap)
-                if not fut.done():
-                    fut.set_result(None)
-            await asyncio.sleep(0)
-
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-
 def _error_body(message: str, kind: str, code: int) -> str:
     return json.dumps({"error": {"message": message, "type": kind, "code": code}})
 
@@ -350,6 +323,23 @@ def _sse(obj: Mapping[str, Any], sent_field: bool = True) -> bytes:
     if sent_field:
         text = f'{text[:-1]},"pdscope_sent_ns":{now_ns()}}}'
     return f"data: {text}\n\n".encode()
+
+
+def _template(obj: Mapping[str, Any]) -> bytes:
+    """A chunk as a byte template with two ``%d`` (due, sent): ``obj`` (a chunk whose
+    ``pdscope_due_ns`` is 0 and its last field) dumped as :func:`_sse` dumps it, so that a
+    template-made chunk and a built one are the same bytes."""
+    text = json.dumps(obj, separators=(",", ":"))
+    end = '"pdscope_due_ns":0}'
+    if not text.endswith(end):
+        raise ValueError("a chunk template needs pdscope_due_ns last, set to 0")
+    head = text[:-2].replace("%", "%%")
+    return f'data: {head}%d,"pdscope_sent_ns":%d}}\n\n'.encode()
+
+
+def _framed(data: bytes) -> bytes:
+    """``data`` as one chunk of HTTP/1.1 chunked transfer encoding."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
 
 
 class _ClientGone(Exception):
@@ -366,6 +356,7 @@ class ReferenceServer:
         self._runner: web.AppRunner | None = None
         self.base_url = ""
         self.requests = 0
+        self.paced_streams = 0  # streams the ticker wrote from templates (the fast path)
         self._ticker = Ticker(int(self.config.spin_s * 1e9))
         self._received: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECEIVED)
         self._slots = asyncio.Semaphore(self.config.slots) if self.config.slots else None
@@ -550,18 +541,6 @@ class ReferenceServer:
                                    "pdscope_due_ns": due}
             return out
 
-        # The common case (completions, usage at the end) is written from a template: at
-        # hundreds of streams, building and dumping a dict a token costs the schedule.
-        head = json.dumps({"id": rid, "object": obj_name, "created": created,
-                           "model": cfg.model}, separators=(",", ":"))[:-1]
-
-        def token_event(text: str, finish: str | None, due: int) -> bytes:
-            fin = "null" if finish is None else f'"{finish}"'
-            return (f'data: {head},"choices":[{{"index":0,"text":{json.dumps(text)},'
-                    f'"logprobs":null,"finish_reason":{fin},"stop_reason":null}}],'
-                    f'"usage":null,"pdscope_due_ns":{due},"pdscope_sent_ns":{now_ns()}}}\n\n'
-                    ).encode()
-
         ollama = request.path.startswith("/api/")
         field_form = cfg.reasoning_form if chat or ollama else "think_tags"
         reasoning_field = "reasoning" if field_form in ("reasoning", "ollama_thinking") else (
@@ -588,9 +567,44 @@ class ReferenceServer:
 
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
+        # The fast path: the ticker writes every chunk from templates (pacing.py). Faults,
+        # jitter, a thought and usage in every chunk take the slow path below, a coroutine that
+        # builds each chunk.
+        paced = (cfg.fast_path and fault is None and not jitter and n_thought == 0
+                 and not usage_each and request.version >= HttpVersion11
+                 and request.transport is not None)
+        if paced:
+            resp.enable_chunked_encoding()  # the ticker frames its chunks the same way
         await resp.prepare(request)
         if chat:
             await _write(resp, _sse(chunk(None, None, 0, t0, role=True)))
+        if paced:
+            assert request.transport is not None
+            k = cfg.tokens_per_chunk
+
+            def template(c: int) -> bytes:
+                first, last = c * k, min(c * k + k, max_tokens)
+                text = "".join(f" {_WORDS[i % len(_WORDS)]}" for i in range(first, last))
+                return _template(chunk(text, "length" if c == n_chunks - 1 else None, last, 0))
+
+            # Chunk c's words start at word (c x k) mod 8: the templates repeat every
+            # 8 / gcd(k, 8) chunks.
+            period = min(len(_WORDS) // math.gcd(k, len(_WORDS)), max(1, n_chunks - 1))
+            tail = b""
+            if usage_last:
+                tail = _framed(_sse({"id": rid, "object": obj_name, "created": created,
+                                     "model": cfg.model, "choices": [],
+                                     "usage": usage(max_tokens)}, sent_field=False))
+            tail += _framed(b"data: [DONE]\n\n")
+            self.paced_streams += 1
+            done = self._ticker.pace(PacedStream(
+                request.transport, tuple(template(c) for c in range(period)),
+                template(n_chunks - 1), tail, t_first, step, n_chunks,
+                asyncio.get_running_loop().create_future()))
+            if not await done:
+                raise _ClientGone
+            await resp.write_eof()
+            return resp
         sent_tokens, c, prev_due = 0, 0, t_first
         while endless or c < n_chunks:
             due = t_first + c * step
@@ -611,12 +625,8 @@ class ReferenceServer:
                     thought, text = "", thought + text
             sent_tokens += k
             last = not endless and c == n_chunks - 1
-            if usage_each or chat:
-                data = _sse(chunk(text, "length" if last else None, sent_tokens, due,
-                                  thought=thought))
-            else:
-                data = token_event(text, "length" if last else None, due)
-            await _write(resp, data)
+            await _write(resp, _sse(chunk(text, "length" if last else None, sent_tokens, due,
+                                          thought=thought)))
             c += 1
         if usage_last:
             final = {"id": rid, "object": obj_name, "created": created, "model": cfg.model,
@@ -720,27 +730,29 @@ async def _serve(config: ReferenceConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m pdscope.selftest.server``: serve until SIGTERM or Ctrl-C (on uvloop when it
-    is installed: a faster loop keeps the schedule at hundreds of streams)."""
-    config = parse_args(argv)
+    is installed, unless ``--loop asyncio``: a faster loop keeps the schedule at hundreds of
+    streams; docs/benchmarks.md measures both)."""
+    config, loop = _parse(argv)
     logging.getLogger("aiohttp").setLevel(logging.CRITICAL)
-    try:
+    if resolve_loop(loop) == "uvloop" and _has_uvloop():
         import uvloop
-    except ImportError:
-        asyncio.run(_serve(config))
-    else:
+
         uvloop.run(_serve(config))
+    else:
+        asyncio.run(_serve(config))
 
 
 @contextlib.contextmanager
 def run_in_subprocess(
     config: ReferenceConfig | None = None, start_timeout: float = 20.0, *,
-    cpu: int | None = None,
+    cpu: int | None = None, loop: str = "auto",
 ) -> Iterator[str]:
     """Run a reference server in its own Python process; yields its base URL.
 
     Its own process keeps its schedule free of the client's event loop (on one host both still
     share the same monotonic clock). ``cpu``: pin the process to that core as soon as it is
-    started (:mod:`pdscope.selftest.pin`). The process is stopped on the way out.
+    started (:mod:`pdscope.selftest.pin`); ``loop``: its event loop (:data:`LOOPS`). The
+    process is stopped on the way out.
     """
     config = config or ReferenceConfig()
     env = dict(os.environ)
@@ -748,7 +760,7 @@ def run_in_subprocess(
     if config.api_key:
         env[API_KEY_ENV] = config.api_key
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pdscope.selftest.server", *config.to_argv()],
+        [sys.executable, "-m", "pdscope.selftest.server", *config.to_argv(), "--loop", loop],
         stdout=subprocess.PIPE,
         env=env,
         text=True,
