@@ -8,6 +8,19 @@ docs/benchmarks.md between the selftest markers (reruns replace them).
 at 200, 500 and 1,000 streams, in the client's own process and with 1 and 2 workers; and one
 300-request Poisson schedule sent by `bench --workers 1` and `--workers 2`, each repeated), and
 writes it between the selftest-workers markers.
+
+``--pin`` measures the reference server's own schedule against the client's, each on a core of
+its own (`selftest --pin --levels 200,500,1000,2000 --all-levels`, three runs, about three
+minutes), for two trees of pdscope, before and after a change to the server:
+
+    PYTHONPATH=OLD/src .venv/bin/python tools/selftest_doc.py --pin-run before.json
+    PYTHONPATH=NEW/src .venv/bin/python tools/selftest_doc.py --pin-run after.json
+    .venv/bin/python tools/selftest_doc.py --pin-write before.json after.json
+
+The first two save the runs (with the commit of the tree that ran, the machine and its load
+average); the last writes the table of both between the selftest-pin markers, inside the
+selftest block (the default mode keeps it when it rewrites the block). ``--server-loop asyncio``
+after ``--pin-run FILE`` measures the server on asyncio's own loop instead of uvloop.
 """
 
 from __future__ import annotations
@@ -27,9 +40,10 @@ LEVELS = "1,10,50,100,200"
 RUNS = 3  # each mode is run this many times; the table shows the median of each figure
 
 
-def run(burst: bool, levels: str = LEVELS, workers: int | None = None) -> dict:
+def run(burst: bool, levels: str = LEVELS, workers: int | None = None,
+        extra: tuple[str, ...] = ()) -> dict:
     args = [sys.executable, "-m", "pdscope", "selftest", "--levels", levels, "--all-levels",
-            "--json"] + (["--burst"] if burst else [])
+            "--json", *extra] + (["--burst"] if burst else [])
     if workers is not None:
         args += ["--workers", str(workers)]
     r = subprocess.run(args, capture_output=True, text=True, timeout=600, check=True)
@@ -137,6 +151,88 @@ def workers_block() -> str:
     return "\n".join(out)
 
 
+P_START, P_END = "<!-- selftest-pin:start -->", "<!-- selftest-pin:end -->"
+P_LEVELS = "200,500,1000,2000"
+P_RUNS = 3
+P_KEYS = ("server_late_p50_ms", "server_late_p99_ms", "client_late_p50_ms",
+          "client_late_p99_ms")
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as `lscpu` prints it (from /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def tree_commit() -> str:
+    """The commit of the pdscope tree the subprocesses import (``PYTHONPATH`` wins)."""
+    import pdscope
+
+    where = Path(pdscope.__file__).resolve().parent
+    r = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
+                       capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--", "."],
+                           capture_output=True, text=True).stdout.strip()
+    return r.stdout.strip() + ("+changes" if dirty else "") if r.returncode == 0 else "?"
+
+
+def pin_run(out: Path, extra: tuple[str, ...] = ()) -> None:
+    """``P_RUNS`` pinned self-tests of the tree on ``PYTHONPATH``, saved to ``out``."""
+    load0 = os.getloadavg()
+    runs = []
+    for i in range(P_RUNS):
+        started = time.time()
+        runs.append(run(False, P_LEVELS, extra=("--pin", *extra)))
+        print(f"run {i + 1}/{P_RUNS}: {time.time() - started:.0f} s", file=sys.stderr)
+    load1 = os.getloadavg()
+    out.write_text(json.dumps({
+        "commit": tree_commit(), "measured_at": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                              time.gmtime()),
+        "cores": os.cpu_count(), "cpu": cpu_model(), "load_before": load0,
+        "load_after": load1, "extra": list(extra), "runs": runs,
+    }, indent=1))
+
+
+def pin_block(before: dict, after: dict) -> str:
+    """The before/after table of two saved ``--pin-run`` files."""
+    out = [
+        P_START,
+        f"**Each side on its own core** (`pdscope selftest --pin --levels {P_LEVELS}"
+        " --all-levels`: the reference server on one core, the client on the other, so each"
+        " side's lateness is its own). Medians of"
+        f" {P_RUNS} runs each, in ms; before: the server of {before['commit']}"
+        f" (measured {before['measured_at']}, load average {before['load_before'][0]:.1f}),"
+        f" after: {after['commit']} ({after['measured_at']}, load average"
+        f" {after['load_before'][0]:.1f}); {after['cores']} cores ({after['cpu']}); server event"
+        f" loop {after['runs'][0].get('server_loop', 'uvloop')}, client event loop"
+        f" {after['runs'][0]['loop']}.",
+        "",
+        "| streams | server late p50 before | after | server late p99 before | after"
+        " | client late p50 before | after | client late p99 before | after"
+        " | tok/s before | after (ideal) |",
+        "|" + "---:|" * 11,
+    ]
+    levels = [lv["concurrency"] for lv in after["runs"][0]["levels"]]
+    for i, c in enumerate(levels):
+        cells = []
+        for k in P_KEYS:
+            for side in (before, after):
+                cells.append(f"{median([r['levels'][i][k] for r in side['runs']]):+.2f}")
+        tok = [median([r["levels"][i]["output_tok_s"] for r in side["runs"]])
+               for side in (before, after)]
+        ideal = after["runs"][0]["levels"][i]["ideal_tok_s"]
+        out.append(f"| {c:,} | " + " | ".join(cells)
+                   + f" | {tok[0]:,.0f} | {tok[1]:,.0f} ({ideal:,.0f}) |")
+    out.append(P_END)
+    return "\n".join(out)
+
+
 def write_block(start: str, end: str, block: str, heading: str) -> None:
     text = DOC.read_text() if DOC.exists() else ""
     if start in text and end in text:
@@ -147,7 +243,24 @@ def write_block(start: str, end: str, block: str, heading: str) -> None:
 
 
 def main() -> None:
-    if "--workers" in sys.argv[1:]:
+    argv = sys.argv[1:]
+    if "--pin-run" in argv:
+        i = argv.index("--pin-run")
+        pin_run(Path(argv[i + 1]), tuple(argv[i + 2:]))
+        return
+    if "--pin-write" in argv:
+        i = argv.index("--pin-write")
+        before, after = (json.loads(Path(p).read_text()) for p in argv[i + 1:i + 3])
+        block = pin_block(before, after)
+        text = DOC.read_text()
+        if P_START in text:
+            text = text[: text.index(P_START)] + block + text[text.index(P_END) + len(P_END):]
+        else:  # into the selftest block, at its end
+            text = text[: text.index(END)] + "\n" + block + "\n" + text[text.index(END):]
+        DOC.write_text(text)
+        print(block)
+        return
+    if "--workers" in argv:
         block = workers_block()
         write_block(W_START, W_END, block,
                     "\n\n## Past one process: `selftest --workers`\n\n")
@@ -174,9 +287,11 @@ def main() -> None:
         "transit time, which is the reference server's, not the client's):",
         "",
         table(burst),
-        END,
     ])
     text = DOC.read_text() if DOC.exists() else ""
+    if P_START in text:  # the pinned table is measured apart (--pin-write): kept
+        block += "\n\n" + text[text.index(P_START): text.index(P_END) + len(P_END)]
+    block += "\n" + END
     if START in text and END in text:
         text = text[: text.index(START)] + block + text[text.index(END) + len(END):]
     else:

@@ -83,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    " with --serve: the server on its core)")
     p.add_argument("--server-loop", choices=LOOPS, default="auto",
                    help="the reference server's event loop (default auto: uvloop when it is"
-                   " installed, as `pip install 'pdscope[fast]'` does; asyncio: Python's own)")
+                   " installed; asyncio: Python's own)")
     p.add_argument("--serve", action="store_true",
                    help="only run the reference server until Ctrl-C (prints its URL)")
     p.add_argument("--port", type=port, default=0, help="with --serve: the port (0: any)")

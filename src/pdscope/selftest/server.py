@@ -13,9 +13,16 @@ same monotonic clock, so a client knows per token how late it saw what was sent 
 overhead) apart from how late the server sent it (scheduling jitter).
 
 Scheduling: chunk c is due at ``t_first + c x tokens_per_chunk x itl_s``, computed from the first
-token's time and never from the previous write, so lateness does not accumulate. The server
-sleeps with asyncio until ``spin_s`` before the due time (the event loop's timers are only good to
-about a millisecond) and then yields in a loop until the time has come.
+token's time and never from the previous write, so lateness does not accumulate. One timer
+serves every stream (:mod:`pdscope.selftest.pacing`): it sleeps with the event loop until
+``spin_s`` before the earliest due time (the loop's timers are only good to about a millisecond),
+then runs once every loop iteration until the time has come. A plain stream (no fault, jitter,
+thought or usage in every chunk: what a load test sends) is written by that timer itself, from
+byte templates made once a request with only the due and sent times formatted in; the others by
+a coroutine a stream that builds each chunk (the slow path; ``fast_path=False`` sends every
+stream that way). Both write the same JSON (``tests/unit/test_selftest_fast_path.py``). At 1,000
+streams of one token every 10 ms, 100,000 chunks a second on one core, the slow path falls
+behind and the fast one keeps the schedule (docs/benchmarks.md, the self-test).
 
 The tokenizer is whitespace: a prompt's token count is its number of words (a chat's, the words
 of all message contents; no template tokens). ``POST /tokenize`` answers like vLLM's. Generated
@@ -242,7 +249,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[ReferenceConfig, str]:
     except ValueError as exc:
         parser.error(str(exc))
     if ns.loop == "uvloop" and not _has_uvloop():
-        parser.error("--loop uvloop: uvloop is not installed (pip install 'pdscope[fast]')")
+        parser.error("--loop uvloop: uvloop is not installed (pip install uvloop)")
     return config, ns.loop
 
 
@@ -571,7 +578,7 @@ class ReferenceServer:
         # jitter, a thought and usage in every chunk take the slow path below, a coroutine that
         # builds each chunk.
         paced = (cfg.fast_path and fault is None and not jitter and n_thought == 0
-                 and not usage_each and request.version >= HttpVersion11
+                 and not usage_each and n_chunks >= 1 and request.version >= HttpVersion11
                  and request.transport is not None)
         if paced:
             resp.enable_chunked_encoding()  # the ticker frames its chunks the same way
