@@ -344,6 +344,11 @@ def _template(obj: Mapping[str, Any]) -> bytes:
     return f'data: {head}%d,"pdscope_sent_ns":%d}}\n\n'.encode()
 
 
+# A fast-path template's text before it is filled in: no model name or id holds it.
+_TEXT_STAND_IN = "\x00"
+_TEXT_STAND_IN_JSON = json.dumps(_TEXT_STAND_IN).encode()
+
+
 def _framed(data: bytes) -> bytes:
     """``data`` as one chunk of HTTP/1.1 chunked transfer encoding."""
     return b"%x\r\n%b\r\n" % (len(data), data)
@@ -589,10 +594,19 @@ class ReferenceServer:
             assert request.transport is not None
             k = cfg.tokens_per_chunk
 
+            # Two chunks dumped a request (the last one apart, for its finish reason), with a
+            # stand-in for the text that each template replaces: a dump costs 9 µs, 950
+            # requests a second at 1,000 streams.
+            bases: dict[str | None, bytes] = {}
+
             def template(c: int) -> bytes:
+                finish = "length" if c == n_chunks - 1 else None
+                if finish not in bases:
+                    bases[finish] = _template(chunk(_TEXT_STAND_IN, finish, 0, 0))
                 first, last = c * k, min(c * k + k, max_tokens)
                 text = "".join(f" {_WORDS[i % len(_WORDS)]}" for i in range(first, last))
-                return _template(chunk(text, "length" if c == n_chunks - 1 else None, last, 0))
+                return bases[finish].replace(
+                    _TEXT_STAND_IN_JSON, json.dumps(text).replace("%", "%%").encode(), 1)
 
             # Chunk c's words start at word (c x k) mod 8: the templates repeat every
             # 8 / gcd(k, 8) chunks.
