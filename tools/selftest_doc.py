@@ -206,10 +206,12 @@ def pin_block(before: dict, after: dict) -> str:
         f"**Each side on its own core** (`pdscope selftest --pin --levels {P_LEVELS}"
         " --all-levels`: the reference server on one core, the client on the other, so each"
         " side's lateness is its own). Medians of"
-        f" {P_RUNS} runs each, in ms; before: the server of {before['commit']}"
-        f" (measured {before['measured_at']}, load average {before['load_before'][0]:.1f}),"
+        f" {P_RUNS} runs each, in ms (the server's to the µs); before: the server of"
+        f" {before['commit']} (measured {before['measured_at']}, load average"
+        f" {before['load_before'][0]:.1f} before the runs, {before['load_after'][0]:.1f} after),"
         f" after: {after['commit']} ({after['measured_at']}, load average"
-        f" {after['load_before'][0]:.1f}); {after['cores']} cores ({after['cpu']}); server event"
+        f" {after['load_before'][0]:.1f}, {after['load_after'][0]:.1f}); {after['cores']} cores"
+        f" ({after['cpu']}); server event"
         f" loop {after['runs'][0].get('server_loop', 'uvloop')}, client event loop"
         f" {after['runs'][0]['loop']}.",
         "",
@@ -223,7 +225,8 @@ def pin_block(before: dict, after: dict) -> str:
         cells = []
         for k in P_KEYS:
             for side in (before, after):
-                cells.append(f"{median([r['levels'][i][k] for r in side['runs']]):+.2f}")
+                value = median([r["levels"][i][k] for r in side["runs"]])
+                cells.append(f"{value:+.3f}" if k.startswith("server") else f"{value:+.2f}")
         tok = [median([r["levels"][i]["output_tok_s"] for r in side["runs"]])
                for side in (before, after)]
         ideal = after["runs"][0]["levels"][i]["ideal_tok_s"]
