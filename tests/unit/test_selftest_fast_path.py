@@ -173,3 +173,54 @@ def test_a_template_escapes_percent_and_needs_the_due_time_last() -> None:
     assert data == b'data: {"model":"50%-off","pdscope_due_ns":7,"pdscope_sent_ns":9}\n\n'
     with pytest.raises(ValueError):
         _template({"pdscope_due_ns": 0, "model": "x"})
+
+
+class _Transport:
+    """A transport that keeps what is written."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closing = False
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
+def test_poll_writes_what_is_due_and_nothing_before() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ticker = Ticker(spin_ns=0)
+        transport = _Transport()
+        template = _template({"pdscope_due_ns": 0})
+        t_first = now_ns() + 3_600 * 10**9  # an hour ahead: nothing is due
+        stream = PacedStream(transport, (template,), template, b"END", t_first,  # type: ignore[arg-type]
+                             10**6, 2, loop.create_future())
+        ticker.pace(stream)
+        ticker.poll()
+        assert transport.written == []
+        stream.t_first = now_ns() - 2 * 10**6  # both chunks due now
+        ticker._heap = [(stream.t_first, 0, stream)]
+        ticker.poll()
+        assert len(transport.written) == 1  # one chunk a turn: the next is pushed, due later
+        ticker.poll()
+        assert len(transport.written) == 2 and transport.written[1].endswith(b"END")
+        assert stream.done.result() is True and ticker._heap == []
+        ticker.close()
+
+    asyncio.run(main())
+
+
+def test_a_closing_transport_ends_the_stream_unwritten() -> None:
+    async def main() -> None:
+        transport = _Transport()
+        transport.closing = True
+        template = _template({"pdscope_due_ns": 0})
+        stream = PacedStream(transport, (template,), template, b"", 0, 1, 3,  # type: ignore[arg-type]
+                             asyncio.get_running_loop().create_future())
+        assert stream.emit() == -1 and transport.written == []
+        assert stream.done.result() is False
+
+    asyncio.run(main())

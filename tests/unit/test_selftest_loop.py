@@ -56,3 +56,13 @@ def test_without_uvloop_auto_falls_back_to_asyncio() -> None:
 def test_loop_names() -> None:
     assert resolve_loop("asyncio") == "asyncio" and resolve_loop("uvloop") == "uvloop"
     assert resolve_loop("auto") in ("uvloop", "asyncio")
+
+
+@pytest.mark.timeout(60)
+def test_the_selftest_says_which_loop_its_server_ran() -> None:
+    from pdscope.selftest.check import run_selftest
+
+    result = asyncio.run(run_selftest((1,), itl_s=0.005, ttft_s=0.005, output_tokens=4, rounds=1,
+                                      server_loop="asyncio"))
+    assert result.server_loop == "asyncio" and result.to_json()["server_loop"] == "asyncio"
+    assert result.levels[0].failed == 0
