@@ -745,7 +745,7 @@ async def _write(resp: web.StreamResponse, data: bytes) -> None:
 # The collector in a server process (:func:`_serve`): a young generation 28 times the default.
 # A full collection walks every object of a thousand open connections, milliseconds in which no
 # chunk goes out; at 1,000 streams the default thresholds put the server's p99 lateness at
-# 15-24 ms, these (with the start-up objects frozen out of every collection) at about 1 ms.
+# 15-24 ms, these (with the start-up objects frozen out of every collection) at 1-3 ms.
 GC_THRESHOLDS = (20_000, 50, 100)
 
 
@@ -768,8 +768,8 @@ async def _serve(config: ReferenceConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m pdscope.selftest.server``: serve until SIGTERM or Ctrl-C (on uvloop when it
-    is installed, unless ``--loop asyncio``: a faster loop keeps the schedule at hundreds of
-    streams; docs/benchmarks.md measures both)."""
+    is installed, unless ``--loop asyncio``: at 1,000 streams uvloop halves the server's median
+    lateness, and the server keeps its schedule on either; docs/benchmarks.md measures both)."""
     config, loop = _parse(argv)
     logging.getLogger("aiohttp").setLevel(logging.CRITICAL)
     if resolve_loop(loop) == "uvloop" and _has_uvloop():
