@@ -105,6 +105,7 @@ def test_pin_on_one_core_is_one_line_and_exit_2() -> None:
     (("--pin", "--levels", "200,x"), "bad --levels 'x'"),
     (("--pin", "--levels", "0"), "--levels must be at least 1"),
     (("--pin", "--port", "8000"), "--port and --fault-rate go with --serve"),
+    (("--pin", "--server-loop", "trio"), "--server-loop: invalid choice: 'trio'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: tuple[str, ...], words: str) -> None:
     r = _cli(*argv)
