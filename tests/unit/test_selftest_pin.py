@@ -19,8 +19,9 @@ from pdscope.selftest.server import ReferenceConfig, run_in_subprocess
 TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 
 
-def _reference_children() -> list[int]:
-    """The reference servers this process started (read from /proc: their parent is us)."""
+def _reference_children(what: str = "pdscope.selftest.server") -> list[int]:
+    """The reference servers (or other children whose command line holds ``what``) this process
+    started (read from /proc: their parent is us)."""
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -32,7 +33,7 @@ def _reference_children() -> list[int]:
                 cmdline = f.read()
         except OSError:
             continue
-        if ppid == os.getpid() and "pdscope.selftest.server" in cmdline:
+        if ppid == os.getpid() and what in cmdline:
             out.append(int(entry))
     return out
 
@@ -80,6 +81,19 @@ def test_selftest_pin_runs_each_side_on_its_own_core() -> None:
     assert result.to_json()["pinning"] == {"server_cpu": pinning.server_cpu,
                                            "client_cpu": pinning.client_cpu}
     assert result.levels[0].failed == 0
+
+
+@TWO_CORES
+@pytest.mark.timeout(60)
+def test_load_workers_run_on_the_client_s_core() -> None:
+    seen: list[list[set[int]]] = []
+
+    def progress(_: int) -> None:
+        seen.append([os.sched_getaffinity(pid) for pid in _reference_children("load.workers")])
+
+    asyncio.run(run_selftest((2,), itl_s=0.01, ttft_s=0.01, output_tokens=5, rounds=1,
+                             progress=progress, pin=True, workers=1))
+    assert seen == [[{choose().client_cpu}]]
 
 
 def _cli(*argv: str, cpus: set[int] | None = None) -> subprocess.CompletedProcess[str]:
