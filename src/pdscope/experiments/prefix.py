@@ -179,7 +179,8 @@ class PrefixResult:
                 text += " The server's own counter does not show the hits, though."
             return text
         text = (f"No prefix cache seen: repeating the {self.prefix.tokens:,}-token prefix left"
-                f" the TTFT at {self.warm_over_unique:.0%} of a unique prompt's. A server with"
+                f" the TTFT at {self.warm_over_unique:.2f} times a unique prompt's (a ratio,"
+                " not a share: noise puts it either side of 1). A server with"
                 " prefix caching would skip that prefill (vLLM: --enable-prefix-caching;"
                 " SGLang: on unless --disable-radix-cache; llama.cpp: --cache-reuse / slots).")
         if self.server_reports_hits:
