@@ -23,12 +23,15 @@ def test_decode_slows_as_the_context_fills(vllm_server: lab.LabServer) -> None:
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     # 128 tokens (127 gaps, 0..126) in bins of 32 after each of two prompts, two runs pooled:
-    # four bins a prompt, less the start of the answer that the first chunk brought whole when
-    # vLLM's API server was short of CPU (those tokens have no gaps). A block keeps its bin
-    # when a quarter of it (8 gaps) was measured, and the bin starts at its first gap.
+    # four bins a prompt, less the start of the answer that the first read brought whole when
+    # vLLM's API server was short of CPU (those tokens have no gaps; chunks read at one instant
+    # are one write). A block keeps its bin when a quarter of it (8 gaps) was measured, and the
+    # bin starts at its first gap.
     gaps: dict[int, list[int]] = defaultdict(list)
     for q in out["requests"][1:]:  # the first request is the cold one
-        gaps[q["prompt_tokens"]] += range(max(1, q["chunk_tokens"][0]) - 1, 127)
+        times, ks = q["token_times_ns"], q["chunk_tokens"]
+        first_write = sum(k for t, k in zip(times, ks) if t == times[0])
+        gaps[q["prompt_tokens"]] += range(first_write - 1, 127)
     assert sorted(gaps) == [100, 3000]
     for prompt, js in gaps.items():
         blocks = Counter(j // 32 for j in js)

@@ -147,6 +147,30 @@ def test_a_first_chunk_of_many_tokens_moves_the_gaps_to_their_positions() -> Non
     assert bins[0].context == pytest.approx(1000 + 51 + 1)
 
 
+def test_tokens_read_at_one_instant_are_one_write_spread_over_its_steps() -> None:
+    # A 10 ms step; the API server, short of CPU, lets tokens pile up and sends them in one
+    # write, each chunk saying one token: the first three tokens at once, then bursts of 1, 2
+    # and 5 tokens after gaps of 10, 20 and 50 ms, over and over.
+    b = RecordBuilder(request_id="r", api="openai", model="m")
+    t = 0
+    for _ in range(3):
+        b.add_tokens(t, "x", 1)
+    for _ in range(12):
+        for burst in (1, 2, 5):
+            t += burst * 10_000_000
+            for _ in range(burst):
+                b.add_tokens(t, "x", 1)
+    rec = b.build()
+    # Per chunk, most gaps read 0 and the rest 10 to 50 ms; per write, every gap is the step.
+    assert sum(g == 0 for g in rec.itl_s) == 2 + 12 * 5 and max(rec.itl_s) == pytest.approx(0.05)
+    assert len(rec.step_gaps_s) == 12 * 8 and rec.first_step_index == 2
+    assert rec.step_gaps_s == pytest.approx([0.01] * 96)
+    assert [w[1] for w in rec.writes[:4]] == [3, 1, 2, 5]
+    bins = context_bins([(100, rec.step_gaps_s, rec.first_step_index)], 32)
+    assert [(b.first_position, b.itl_median_s) for b in bins] == [
+        (2, pytest.approx(0.01)), (32, pytest.approx(0.01)), (64, pytest.approx(0.01))]
+
+
 def test_a_ragged_last_bin_is_left_out_and_runs_pool_by_position() -> None:
     runs = [(500, (0.02,) * 35, 0), (500, (0.04,) * 35, 0)]
     bins = context_bins(runs, 32)

@@ -210,6 +210,37 @@ class RequestRecord:
         return 0
 
     @property
+    def writes(self) -> tuple[tuple[int, int], ...]:
+        """``(receive time, tokens)`` of each write the client read: chunks received at one
+        instant came in one read (a server short of CPU sends what piled up in one write, as
+        vLLM's API server does), so they count as one write of all their tokens."""
+        ks = (self.chunk_tokens if len(self.chunk_tokens) == len(self.token_times_ns)
+              else (1,) * len(self.token_times_ns))
+        out: list[tuple[int, int]] = []
+        for t, k in zip(self.token_times_ns, ks, strict=True):
+            if out and out[-1][0] == t:
+                out[-1] = (t, out[-1][1] + max(1, k))
+            else:
+                out.append((t, max(1, k)))
+        return tuple(out)
+
+    @property
+    def step_gaps_s(self) -> tuple[float, ...]:
+        """Gaps per token with every write spread over its tokens: a write that brought k
+        tokens after a gap g gives k gaps of g / k, so a burst of tokens that piled up reads as
+        the steps that made them, not as one long gap and k − 1 zeros. The first is gap
+        :attr:`first_step_index`."""
+        w = self.writes
+        return tuple(g for (a, _), (b, k) in pairwise(w) for g in [(b - a) / NS / k] * k)
+
+    @property
+    def first_step_index(self) -> int:
+        """The output position of the first gap in :attr:`step_gaps_s`: the tokens of the
+        first write have no gap between them, so it is that write's tokens less one."""
+        w = self.writes
+        return w[0][1] - 1 if w else 0
+
+    @property
     def tpot_s(self) -> float | None:
         """``(t_last - t_first) / (n_out - 1)``: the mean time a token after the first."""
         if self.t_first_token_ns is None or self.t_last_token_ns is None:

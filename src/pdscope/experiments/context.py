@@ -89,9 +89,12 @@ def context_bins(
     """Bin per-token ITLs by output position. ``runs``: (prompt tokens, ITLs, index of the
     first gap) of each request; gap ``j`` (between output tokens ``j`` and ``j + 1``) is the
     step that read ``prompt + j + 1`` tokens of KV. The first gap is gap 0 unless the first
-    chunk brought several tokens (a server short of CPU sends what piled up in one write): the
-    tokens of the first chunk have no gap, and the first measured one is
-    :attr:`~pdscope.client.record.RequestRecord.first_gap_index`. A bin holding fewer than a
+    write brought several tokens (a server short of CPU sends what piled up in one write): the
+    tokens of the first write have no gap, and the first measured one is
+    :attr:`~pdscope.client.record.RequestRecord.first_step_index`. The gaps are the records'
+    :attr:`~pdscope.client.record.RequestRecord.step_gaps_s`: each write spread over the tokens
+    it brought, so a burst after a stall reads as the steps that made it, and a bin's median is
+    its step time whether the tokens came one by one or in piles. A bin holding fewer than a
     quarter of ``bin_tokens`` gaps (the ragged end, or a start the first chunk swallowed) is
     left out: its median would rest on a handful of steps."""
     if bin_tokens < 1:
@@ -134,7 +137,7 @@ class ContextResult:
 
     @property
     def bins(self) -> list[ContextBin]:
-        runs = [(r.prompt_tokens or p.tokens, r.itl_s, r.first_gap_index)
+        runs = [(r.prompt_tokens or p.tokens, r.step_gaps_s, r.first_step_index)
                 for r, p in zip(self.records, self.prompts, strict=True)]
         return context_bins(runs, self.config.bin_tokens)
 
