@@ -30,7 +30,7 @@ def test_decode_slows_as_the_context_fills(vllm_server: lab.LabServer) -> None:
     gaps: dict[int, list[int]] = defaultdict(list)
     for q in out["requests"][1:]:  # the first request is the cold one
         times, ks = q["token_times_ns"], q["chunk_tokens"]
-        first_write = sum(k for t, k in zip(times, ks) if t == times[0])
+        first_write = sum(k for t, k in zip(times, ks, strict=True) if t == times[0])
         gaps[q["prompt_tokens"]] += range(first_write - 1, 127)
     assert sorted(gaps) == [100, 3000]
     for prompt, js in gaps.items():
