@@ -30,11 +30,11 @@ overrides any of this.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pdscope.client.chunkjson import loads
 from pdscope.client.faults import server_message
 from pdscope.client.reasoning import Parts, ThinkTags, chat_delta_parts, usage_reasoning_tokens
 from pdscope.client.record import RecordBuilder
@@ -77,9 +77,14 @@ def path(target: Target) -> str:
     return CHAT_PATH if target.api == "openai-chat" else COMPLETIONS_PATH
 
 
+_INT_END = 2**63
+
+
 def _int(value: Any) -> int | None:
     """A count or a time from a chunk: a number from 0 to 2**63. Anything else is ``None``,
     NaN, Infinity and integers too large for a float included (Python's json reads them all)."""
+    if type(value) is int and 0 <= value < _INT_END:  # the common case, first
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     try:
@@ -139,7 +144,7 @@ class OpenAIStreamParser:
             b.t_end_ns = t_ns
             return
         try:
-            obj = json.loads(data)
+            obj = loads(data)
         except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
             if self._closing:
                 b.fail("stream_broken", "the stream ended in the middle of a chunk after"
@@ -148,17 +153,18 @@ class OpenAIStreamParser:
                 b.fail("bad_chunk", f"a chunk is not JSON after {b.n_chunks} token chunks:"
                        f" {data[:80]!r}")
             return
-        if not isinstance(obj, dict):
+        if type(obj) is not dict:
             b.fail("bad_chunk", f"a chunk is not a JSON object: {data[:80]!r}")
             return
-        if obj.get("error") is not None and not obj.get("choices"):
+        get = obj.get
+        if get("error") is not None and not get("choices"):
             b.fail("stream_broken", "the server sent an error mid-stream after"
                    f" {b.n_chunks} token chunks: {server_message(data)}")
             return
 
-        usage = obj.get("usage")
+        usage = get("usage")
         completion_tokens: int | None = None
-        if isinstance(usage, dict):
+        if usage is not None and type(usage) is dict:
             prompt_tokens = _int(usage.get("prompt_tokens"))
             completion_tokens = _int(usage.get("completion_tokens"))
             if prompt_tokens is not None:
@@ -171,37 +177,44 @@ class OpenAIStreamParser:
             reasoning = usage_reasoning_tokens(usage)
             if reasoning is not None:
                 b.usage_reasoning_tokens = reasoning
-        timings = obj.get("timings")
-        if isinstance(timings, dict):
+        timings = get("timings")
+        if timings is not None and type(timings) is dict:
             b.server_timings = {k: float(v) for k, v in timings.items() if _int(v) is not None}
 
-        parts = Parts()
-        choices = obj.get("choices")
-        if isinstance(choices, list) and choices:
+        thought = answer = ""
+        choices = get("choices")
+        if choices and type(choices) is list:
             choice = choices[0]
-            if isinstance(choice, dict):
+            if type(choice) is dict:
                 if self.chat:
                     delta = choice.get("delta")
-                    if isinstance(delta, dict):
+                    if type(delta) is dict:
                         parts = chat_delta_parts(delta)
+                        thought, answer = parts.reasoning, parts.answer
                 else:
                     raw = choice.get("text")
-                    parts = Parts(answer=raw if isinstance(raw, str) else "")
-                if choice.get("finish_reason") is not None:
-                    b.finish_reason = str(choice["finish_reason"])
+                    answer = raw if type(raw) is str else ""
+                finish = choice.get("finish_reason")
+                if finish is not None:
+                    b.finish_reason = str(finish)
 
-        if parts.answer:
-            tagged, retro = self._tags.split(parts.answer)
-            parts = Parts(parts.reasoning + tagged.reasoning, tagged.answer)
+        if answer and not self._tags.answer_only(answer):
+            tagged, retro = self._tags.split(answer)
+            thought, answer = thought + tagged.reasoning, tagged.answer
             if retro:
                 b.earlier_was_reasoning()
-        if parts:
+        if thought or answer:
             k = 1
             if completion_tokens is not None and (self._usage_seen_before or b.n_chunks == 0):
                 k = max(1, completion_tokens - self._prev_completion_tokens)
                 k = k if k <= _MAX_TOKENS_A_CHUNK else 1
-            b.add_parts(t_ns, parts, k, _int(obj.get("pdscope_sent_ns")),
-                        _int(obj.get("pdscope_due_ns")))
+            sent, due = get("pdscope_sent_ns"), get("pdscope_due_ns")
+            sent = None if sent is None else _int(sent)
+            due = None if due is None else _int(due)
+            if thought:
+                b.add_parts(t_ns, Parts(thought, answer), k, sent, due)
+            else:
+                b.add_tokens(t_ns, answer, k, sent, due)
         if completion_tokens is not None:
             self._prev_completion_tokens = completion_tokens
             self._usage_seen_before = True

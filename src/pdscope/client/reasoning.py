@@ -104,6 +104,19 @@ class ThinkTags:
         self._emitted = False  # answer text was given out (earlier chunks counted as answer)
         self._spoken = False  # answer text that is not whitespace was given out
 
+    def answer_only(self, text: str) -> bool:
+        """``True`` when this chunk's text is all answer and holds no tag: what :meth:`split`
+        would return as ``Parts("", text)`` with no ``retro``, its state kept as ``split``
+        keeps it, at less cost (most chunks of most streams). ``False``: call ``split``."""
+        if self._closed:
+            self._emitted = self._emitted or bool(text)
+            return True
+        if self._inside or ("<" in text and (OPEN_TAG in text or CLOSE_TAG in text)):
+            return False
+        self._emitted = self._emitted or bool(text)
+        self._spoken = self._spoken or bool(text.strip())
+        return True
+
     def split(self, text: str) -> tuple[Parts, bool]:
         """This chunk's text as thought and answer; ``retro`` is ``True`` when this chunk shows
         that the text given out as answer before it was thought too (a ``</think>`` with no

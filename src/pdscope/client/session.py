@@ -46,6 +46,7 @@ from pdscope.client.faults import (
     server_message,
 )
 from pdscope.client.record import ErrorKind, RecordBuilder
+from pdscope.client.tap import read_stream
 from pdscope.errors import InputError
 from pdscope.units import NS
 
@@ -399,23 +400,23 @@ async def _read_stream(
     parser: StreamParser,
     max_chunks: int | None,
 ) -> None:
-    content = resp.content
-    while True:
-        data = await content.readany()
-        t = now_ns()
-        if not data:
-            parser.close(t)
-            return
+    """Each read's bytes to the parser with the time they came (:mod:`pdscope.client.tap`:
+    in the callback that received them), until the stream is done, failed or over-long."""
+
+    def on_data(data: bytes, t: int) -> bool:
         parser.feed(data, t)
         if builder.done or builder.error is not None:
-            return
+            return True
         if max_chunks is not None and builder.n_chunks > max_chunks:
             builder.fail(
                 "overrun",
                 f"{resp.url}: the server kept streaming past the {max_chunks} chunks allowed"
                 " for this request; the client hung up",
             )
-            return
+            return True
+        return False
+
+    await read_stream(resp.content, on_data, parser.close)
 
 
 async def get_json(

@@ -23,21 +23,14 @@ their line is complete. A complete line that is not UTF-8 raises :class:`~pdscop
 
 from __future__ import annotations
 
-import json
-
+from pdscope.client.chunkjson import is_json
 from pdscope.errors import RunError
 
 DONE = "[DONE]"
 
 
 def _whole(data: str) -> bool:
-    if data == DONE:
-        return True
-    try:
-        json.loads(data)
-    except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than Python goes
-        return False
-    return True
+    return data == DONE or is_json(data)
 
 
 class SSEDecoder:
@@ -49,6 +42,14 @@ class SSEDecoder:
         self._data: list[str] = []
 
     def feed(self, chunk: bytes) -> list[str]:
+        if (not self._tail and not self._data and chunk.startswith(b"data: ")
+                and chunk.find(b"\n") == len(chunk) - 2 and chunk.endswith(b"\n\n")):
+            # The common read, one whole event and nothing else: ``data: X`` and a blank line.
+            payload = chunk[6:-3] if chunk.endswith(b"\r\n\n") else chunk[6:-2]
+            try:
+                return [payload.decode("utf-8")]
+            except UnicodeDecodeError as exc:
+                raise RunError(f"a chunk is not UTF-8 text ({exc.reason})") from None
         events: list[str] = []
         buf = self._tail + chunk if self._tail else chunk
         start = 0
