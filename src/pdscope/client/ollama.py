@@ -15,11 +15,11 @@ The counters and the article's formulas on them are in :mod:`pdscope.client.coun
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pdscope.client.chunkjson import loads
 from pdscope.client.counters import counters  # also read from here by older callers
 from pdscope.client.reasoning import Parts, ThinkTags, ollama_parts
 from pdscope.client.record import RecordBuilder
@@ -90,7 +90,7 @@ class OllamaStreamParser:
         tail, self._tail = self._tail.strip(), b""
         if tail and not b.done and b.error is None:
             try:
-                json.loads(tail)
+                loads(tail)
             except (ValueError, RecursionError):  # RecursionError: nested deeper than Python goes
                 b.fail("stream_broken", "the stream ended in the middle of a line after"
                        f" {b.n_chunks} token chunks")
@@ -112,7 +112,7 @@ class OllamaStreamParser:
         if not text_line:
             return
         try:
-            obj = json.loads(text_line)
+            obj = loads(text_line)
         except (ValueError, RecursionError):
             b.fail("bad_chunk", f"a line is not JSON after {b.n_chunks} token chunks:"
                    f" {text_line[:80]!r}")

@@ -42,9 +42,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from scipy import stats as sps
+
+
+def _sps() -> Any:
+    """``scipy.stats``, imported when a comparison needs it: it takes 0.6 s to import, and
+    every ``pdscope`` command would pay it at start-up (``python -X importtime``)."""
+    from scipy import stats
+
+    return stats
 
 ALPHA = 0.05
 DEFAULT_THRESHOLD = 0.02
@@ -86,7 +94,7 @@ def autocorrelation_time(x: np.ndarray) -> float:
     n = len(x)
     if n < 4:
         return 1.0
-    r = sps.rankdata(x)
+    r = _sps().rankdata(x)
     r = r - r.mean()
     var = float(np.dot(r, r))
     if var == 0:
@@ -174,13 +182,13 @@ def rank_test(runs_a: Sequence[np.ndarray], runs_b: Sequence[np.ndarray]) -> flo
         return None
     if np.all(a == a[0]) and np.all(b == b[0]):
         return 1.0 if a[0] == b[0] else 0.0
-    res = sps.mannwhitneyu(a, b, alternative="two-sided", method="asymptotic")
-    z = float(sps.norm.isf(max(float(res.pvalue), 1e-300) / 2))
+    res = _sps().mannwhitneyu(a, b, alternative="two-sided", method="asymptotic")
+    z = float(_sps().norm.isf(max(float(res.pvalue), 1e-300) / 2))
     n1, n2 = len(a), len(b)
     e1 = min(n1, effective_size(runs_a))
     e2 = min(n2, effective_size(runs_b))
     shrink = math.sqrt((e1 * e2 / (e1 + e2)) / (n1 * n2 / (n1 + n2)))
-    return float(2 * sps.norm.sf(z * shrink))
+    return float(2 * _sps().norm.sf(z * shrink))
 
 
 def mean_estimate(values: Sequence[float]) -> Estimate:
@@ -189,7 +197,7 @@ def mean_estimate(values: Sequence[float]) -> Estimate:
     m = float(x.mean())
     if len(x) < 2:
         return Estimate(m, None, None, len(x), float(len(x)))
-    half = float(sps.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    half = float(_sps().t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
     return Estimate(m, m - half, m + half, len(x), float(len(x)))
 
 
@@ -203,7 +211,7 @@ def _welch(xa: np.ndarray, xb: np.ndarray) -> tuple[float, float, float] | None:
         return None
     d = float(xb.mean() - xa.mean())
     df = (va + vb) ** 2 / ((va**2 / (len(xa) - 1)) + (vb**2 / (len(xb) - 1)))
-    return d, float(sps.t.ppf(0.975, df) * se), float(2 * sps.t.sf(abs(d) / se, df))
+    return d, float(_sps().t.ppf(0.975, df) * se), float(2 * _sps().t.sf(abs(d) / se, df))
 
 
 def welch_change(a: Sequence[float], b: Sequence[float]) -> Change:
