@@ -695,6 +695,31 @@ def serve_reference(argv: Sequence[str]) -> None:
             token(rid, due, sent, b'"finish_reason":null' not in data)
         await original_write(resp, data)
 
+    # The fast path (pdscope.selftest.pacing: every stream without faults, jitter, thought or
+    # per-chunk usage, so what vLLM's, AIPerf's and inference-perf's requests get) writes its
+    # chunks from PacedStream.emit, straight to the transport: read each chunk's due time from
+    # the stream and its sent time from the one clock read emit makes, just before its write.
+    from pdscope.selftest import pacing
+
+    original_emit = pacing.PacedStream.emit
+    original_now = pacing.now_ns
+    last_read = [0]
+
+    def now_read() -> int:
+        last_read[0] = original_now()
+        return last_read[0]
+
+    def emit(stream: Any) -> int:
+        c, was_done = stream.c, stream.done.done()
+        nxt = original_emit(stream)
+        finished = nxt == -1 and stream.done.done() and stream.done.result() is True
+        if not was_done and (stream.c == c + 1 or finished):
+            token(f"paced-{id(stream)}", stream.t_first + c * stream.step, last_read[0],
+                  finished)
+        return nxt
+
+    pacing.now_ns = now_read
+    pacing.PacedStream.emit = emit  # type: ignore[method-assign]
     ref._sse = sse
     ref._write = write
     count = 0

@@ -206,7 +206,7 @@ def pin_block(before: dict, after: dict) -> str:
         f"**Each side on its own core** (`pdscope selftest --pin --levels {P_LEVELS}"
         " --all-levels`: the reference server on one core, the client on the other, so each"
         " side's lateness is its own). Medians of"
-        f" {P_RUNS} runs each, in ms (the server's to the µs); before: the server of"
+        f" {P_RUNS} runs each, in ms (the server's to the µs); before: pdscope at"
         f" {before['commit']} (measured {before['measured_at']}, load average"
         f" {before['load_before'][0]:.1f} before the runs, {before['load_after'][0]:.1f} after),"
         f" after: {after['commit']} ({after['measured_at']}, load average"
