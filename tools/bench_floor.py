@@ -2,7 +2,7 @@
 
 Three readers drive the same closed loop (C streams, each sending its next request when its
 answer ends) against one reference server (TTFT 50 ms, then a token every 10 ms, 64 tokens a
-request, one chunk a token), in this one process, on uvloop:
+request unless ``--output-len`` says, one chunk a token), in this one process, on uvloop:
 
 - ``raw``: an ``asyncio.Protocol`` that writes a prepared request and counts the SSE events of
   each read: no HTTP library, no JSON. The operating system's and the event loop's share.
@@ -53,8 +53,9 @@ EVENT = b"data: {"
 
 
 class _Counter:
-    def __init__(self, n_requests: int) -> None:
+    def __init__(self, n_requests: int, output_tokens: int) -> None:
         self.left = n_requests
+        self.output = output_tokens
         self.tokens = 0
 
     def take(self) -> bool:
@@ -64,14 +65,14 @@ class _Counter:
         return True
 
 
-def _body() -> dict[str, object]:
-    return {"model": MODEL, "prompt": PROMPT, "max_tokens": OUTPUT_TOKENS, "stream": True}
+def _body(output_tokens: int) -> dict[str, object]:
+    return {"model": MODEL, "prompt": PROMPT, "max_tokens": output_tokens, "stream": True}
 
 
 async def run_raw(url: str, concurrency: int, counter: _Counter) -> None:
     """Prepared requests over raw connections; a response ends with the chunked body's end."""
     parts = urlsplit(url)
-    body = json.dumps(_body()).encode()
+    body = json.dumps(_body(counter.output)).encode()
     request = (b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n" % (parts.netloc.encode(), len(body))) + body
     loop = asyncio.get_running_loop()
@@ -101,17 +102,15 @@ async def run_raw(url: str, concurrency: int, counter: _Counter) -> None:
             if not self.done.done():
                 self.done.set_result(None)
 
-    waits = []
-    for _ in range(concurrency):
-        done: asyncio.Future[None] = loop.create_future()
-        waits.append(done)
-        await loop.create_connection(functools.partial(Stream, done),
-                                     parts.hostname or "127.0.0.1", parts.port or 80)
+    waits = [loop.create_future() for _ in range(concurrency)]
+    await asyncio.gather(*(loop.create_connection(functools.partial(Stream, done),
+                                                  parts.hostname or "127.0.0.1",
+                                                  parts.port or 80) for done in waits))
     await asyncio.gather(*waits)
 
 
 async def run_aiohttp(url: str, concurrency: int, counter: _Counter) -> None:
-    body = _body()
+    body = _body(counter.output)
 
     async def stream(session: aiohttp.ClientSession) -> None:
         while counter.take():
@@ -129,7 +128,7 @@ async def run_pdscope(url: str, concurrency: int, counter: _Counter) -> None:
 
     async def stream(session: aiohttp.ClientSession) -> None:
         while counter.take():
-            record = await stream_request(session, target, PROMPT, max_tokens=OUTPUT_TOKENS)
+            record = await stream_request(session, target, PROMPT, max_tokens=counter.output)
             if record.error:
                 raise RuntimeError(record.error)
             counter.tokens += record.output_tokens or 0
@@ -143,17 +142,18 @@ READERS: dict[str, Callable[[str, int, _Counter], Awaitable[None]]] = {
 }
 
 
-async def stage(reader: str, url: str, concurrency: int, requests: int) -> tuple[float, float]:
+async def stage(reader: str, url: str, concurrency: int, requests: int, output_tokens: int
+                ) -> tuple[float, float]:
     """CPU µs a token, and tokens a second against the schedule's ideal (a share)."""
-    counter = _Counter(requests)
+    counter = _Counter(requests, output_tokens)
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     await READERS[reader](url, concurrency, counter)
     r1, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - t0
-    if counter.tokens != requests * OUTPUT_TOKENS:
-        raise RuntimeError(f"{reader}: {counter.tokens} tokens, {requests * OUTPUT_TOKENS} sent")
+    if counter.tokens != requests * output_tokens:
+        raise RuntimeError(f"{reader}: {counter.tokens} tokens, {requests * output_tokens} sent")
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    per_request_s = SERVER.ttft_base_s + (OUTPUT_TOKENS - 1) * SERVER.itl_s
-    ideal = concurrency * OUTPUT_TOKENS / per_request_s
+    per_request_s = SERVER.ttft_base_s + (output_tokens - 1) * SERVER.itl_s
+    ideal = concurrency * output_tokens / per_request_s
     return cpu / counter.tokens * 1e6, counter.tokens / wall / ideal
 
 
@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="rounds a level (default 3)")
     parser.add_argument("--requests-per-stream", type=int, default=7,
                         help="requests a stream sends in a stage (default 7: about 5 s)")
+    parser.add_argument("--output-len", type=int, default=OUTPUT_TOKENS,
+                        help=f"tokens a request (default {OUTPUT_TOKENS})")
     parser.add_argument("--readers", default=",".join(READERS),
                         help=f"comma-separated, of {', '.join(READERS)}")
     parser.add_argument("--pin", action="store_true",
@@ -173,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         levels = [int(c) for c in ns.concurrency.split(",")]
         readers = ns.readers.split(",")
-        if any(c < 1 for c in levels) or ns.runs < 1 or set(readers) - set(READERS):
+        if any(c < 1 for c in levels) or ns.runs < 1 or ns.output_len < 2 or set(readers) - set(READERS):
             raise ValueError
     except ValueError:
-        parser.error("--concurrency: positive integers; --runs >= 1; --readers of "
+        parser.error("--concurrency: positive integers; --runs >= 1; --output-len >= 2; --readers of "
                      + ", ".join(READERS))
     cores = sorted(os.sched_getaffinity(0))
     if ns.pin and len(cores) < 2:
@@ -194,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             for round_ in range(ns.runs + 1):  # the first is a warm-up
                 order = readers if round_ % 2 == 0 else readers[::-1]
                 for reader in order:
-                    figure = uvloop.run(stage(reader, url, c, c * ns.requests_per_stream))
+                    figure = uvloop.run(stage(reader, url, c, c * ns.requests_per_stream,
+                                          ns.output_len))
                     if round_:
                         got[reader].append(figure)
             for reader in readers:
