@@ -175,11 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         levels = [int(c) for c in ns.concurrency.split(",")]
         readers = ns.readers.split(",")
-        if any(c < 1 for c in levels) or ns.runs < 1 or ns.output_len < 2 or set(readers) - set(READERS):
+        if (any(c < 1 for c in levels) or ns.runs < 1 or ns.output_len < 2
+                or set(readers) - set(READERS)):
             raise ValueError
     except ValueError:
-        parser.error("--concurrency: positive integers; --runs >= 1; --output-len >= 2; --readers of "
-                     + ", ".join(READERS))
+        parser.error("--concurrency: positive integers; --runs >= 1; --output-len >= 2;"
+                     " --readers of " + ", ".join(READERS))
     cores = sorted(os.sched_getaffinity(0))
     if ns.pin and len(cores) < 2:
         parser.error("--pin needs two cores")
