@@ -1,6 +1,6 @@
 """What a streamed token costs a client, layer by layer: the floor under ``pdscope bench``.
 
-Three readers drive the same closed loop (C streams, each sending its next request when its
+Four readers drive the same closed loop (C streams, each sending its next request when its
 answer ends) against one reference server (TTFT 50 ms, then a token every 10 ms, 64 tokens a
 request unless ``--output-len`` says, one chunk a token), in this one process, on uvloop:
 
@@ -11,6 +11,10 @@ request unless ``--output-len`` says, one chunk a token), in this one process, o
 - ``pdscope``: :func:`pdscope.client.stream_request`, as ``pdscope bench`` sends every request:
   aiohttp, each read parsed where it arrives (``client/tap.py``), every chunk's JSON decoded and
   timed, a record built a request.
+- ``own``: what a reader of pdscope's own under aiohttp's would cost: an ``asyncio.Protocol``
+  with httptools' HTTP/1.1 parser feeding the same stream parser and record builder (the floor
+  of such a reader: no pool, retry, timeout or error path). Needs ``httptools`` (in the lab's
+  venv); left out with a line where it is missing.
 
 The figure is the process's CPU time (user + system, ``getrusage``) over the stage, per token
 received; the server runs in a process of its own and is not counted. Stages alternate between
@@ -27,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import importlib.util
 import json
 import os
 import resource
@@ -137,8 +142,76 @@ async def run_pdscope(url: str, concurrency: int, counter: _Counter) -> None:
         await asyncio.gather(*(stream(session) for _ in range(concurrency)))
 
 
+async def run_own(url: str, concurrency: int, counter: _Counter) -> None:
+    """What a protocol of pdscope's own would cost: each connection an ``asyncio.Protocol``
+    whose bytes go through httptools' HTTP/1.1 parser (llhttp's binding) straight into
+    pdscope's stream parser and record builder, with the read's time; a record built a request.
+    No pool, retry, timeout or error path: the floor of such a reader, not one."""
+    import httptools  # in the lab's venv (uvicorn's, through vLLM); not a pdscope dependency
+
+    from pdscope.client.openai import OpenAIStreamParser, build_body
+    from pdscope.client.record import RecordBuilder
+
+    parts = urlsplit(url)
+    target = Target(base_url=url, api="openai", model=MODEL)
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+            b"Accept: text/event-stream\r\n" % parts.netloc.encode())
+    loop = asyncio.get_running_loop()
+    now_ns = time.perf_counter_ns
+
+    class Stream(asyncio.Protocol):
+        def __init__(self, done: asyncio.Future[None]) -> None:
+            self.done = done
+            self.http = httptools.HttpResponseParser(self)
+            self.transport: asyncio.Transport | None = None
+            self.t_ns = 0
+            self.builder = RecordBuilder(request_id="", api="openai", model=MODEL)
+            self.parser = OpenAIStreamParser(self.builder, False)
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = cast(asyncio.Transport, transport)
+            self.next()
+
+        def next(self) -> None:
+            assert self.transport is not None
+            if not counter.take():
+                self.transport.close()
+                return
+            body = json.dumps(build_body(target, counter.output, PROMPT, None)).encode()
+            self.builder = RecordBuilder(request_id=f"{id(self):x}", api="openai", model=MODEL)
+            self.parser = OpenAIStreamParser(self.builder, False)
+            self.builder.t_start_ns = self.builder.t_send_ns = now_ns()
+            self.transport.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+        def data_received(self, data: bytes) -> None:
+            self.t_ns = now_ns()
+            self.http.feed_data(data)
+
+        def on_headers_complete(self) -> None:
+            self.builder.headers_received = True
+            self.builder.http_status = self.http.get_status_code()
+
+        def on_body(self, body: bytes) -> None:
+            self.parser.feed(body, self.t_ns)
+
+        def on_message_complete(self) -> None:
+            self.parser.close(self.t_ns)
+            counter.tokens += self.builder.build().output_tokens or 0
+            loop.call_soon(self.next)  # not from inside the parser's callback
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not self.done.done():
+                self.done.set_result(None)
+
+    waits = [loop.create_future() for _ in range(concurrency)]
+    await asyncio.gather(*(loop.create_connection(functools.partial(Stream, done),
+                                                  parts.hostname or "127.0.0.1",
+                                                  parts.port or 80) for done in waits))
+    await asyncio.gather(*waits)
+
+
 READERS: dict[str, Callable[[str, int, _Counter], Awaitable[None]]] = {
-    "raw": run_raw, "aiohttp": run_aiohttp, "pdscope": run_pdscope,
+    "raw": run_raw, "aiohttp": run_aiohttp, "pdscope": run_pdscope, "own": run_own,
 }
 
 
@@ -181,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         parser.error("--concurrency: positive integers; --runs >= 1; --output-len >= 2;"
                      " --readers of " + ", ".join(READERS))
+    if "own" in readers and importlib.util.find_spec("httptools") is None:
+        print("# own: left out, httptools is not installed (pip install httptools)")
+        readers.remove("own")
     cores = sorted(os.sched_getaffinity(0))
     if ns.pin and len(cores) < 2:
         parser.error("--pin needs two cores")
