@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from pdscope.client import tap
+from pdscope.client import http1, tap
 from pdscope.client.openai import OpenAIStreamParser
 from tests.unit.test_client_faults import request
 
@@ -19,7 +19,9 @@ FAULTS = ["reset_mid_stream", "stall", "malformed_chunk", "never_ending"]
 @pytest.fixture
 def feeds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
     """For each read the parser is fed: ``True`` when it ran inside a task (``readany()``),
-    ``False`` when in the connection's own callback (the tap)."""
+    ``False`` when in the connection's own callback (the tap). The tap is aiohttp's path:
+    pdscope's own connections (``client/http1.py``) are switched off here."""
+    monkeypatch.setattr(http1, "enabled", False)
     seen: list[bool] = []
     feed = OpenAIStreamParser.feed
 

@@ -31,7 +31,7 @@ import asyncio
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Protocol
@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import aiohttp
 from yarl import URL
 
+from pdscope.client import http1
 from pdscope.client.faults import (
     classify_status,
     context_exceeded_line,
@@ -138,7 +139,7 @@ def new_session(limit: int = 256, limit_per_host: int = 0,
     so a load test's concurrency must fit; ``headers`` go with every request it sends (the
     user's, e.g. a proxy's auth header: detection and tokenizer calls need them too). Call it
     inside a running event loop and close it (``async with new_session() as session:``)."""
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit_per_host)
+    connector = http1.OwnConnector(limit=limit, limit_per_host=limit_per_host)
     return aiohttp.ClientSession(
         connector=connector,
         trace_configs=[trace_config()],
@@ -280,17 +281,9 @@ async def _post_and_read(session: aiohttp.ClientSession, url: str, payload: byte
     ) as resp:
         builder.headers_received = True
         builder.http_status = resp.status
-        if resp.status >= 400:
-            text = await _read_body(resp)
-            kind = classify_status(resp.status, text)
-            said = (context_exceeded_line(text) if kind == "context_exceeded"
-                    else server_message(text) or resp.reason)
-            builder.fail(kind, f"{url}: HTTP {resp.status}: {said}")
-            return
-        if accept == "text/event-stream" and resp.content_type == "application/json":
-            text = await _read_body(resp)
-            builder.fail("stream_broken", f"{url}: the server answered with one JSON body,"
-                         f" not a stream: {server_message(text, limit=120)}")
+        if resp.status >= 400 or (accept == "text/event-stream"
+                                  and resp.content_type == "application/json"):
+            _fail_answer(builder, url, resp.status, resp.reason or "", await _read_body(resp))
             return
         await _read_stream(resp, builder, parser, max_chunks)
         if builder.error is not None:
@@ -300,6 +293,32 @@ async def _post_and_read(session: aiohttp.ClientSession, url: str, payload: byte
                 await asyncio.wait_for(resp.content.read(), _DRAIN_AFTER_DONE_S)
             except (asyncio.TimeoutError, aiohttp.ClientError):
                 resp.close()
+
+
+def _fail_answer(builder: RecordBuilder, url: str, status: int, reason: str, text: str) -> None:
+    """An answer that is not a stream: an HTTP error (its kind from the status and the body's
+    words), or one JSON body where an event stream was asked for."""
+    if status >= 400:
+        kind = classify_status(status, text)
+        said = (context_exceeded_line(text) if kind == "context_exceeded"
+                else server_message(text) or reason)
+        builder.fail(kind, f"{url}: HTTP {status}: {said}")
+    else:
+        builder.fail("stream_broken", f"{url}: the server answered with one JSON body,"
+                     f" not a stream: {server_message(text, limit=120)}")
+
+
+async def _post_and_read_own(session: aiohttp.ClientSession, url: str, payload: bytes,
+                             headers: Mapping[str, str], builder: RecordBuilder,
+                             parser: StreamParser, timeouts: Timeouts, accept: str,
+                             max_chunks: int | None, fresh: bool) -> None:
+    """:func:`_post_and_read` on pdscope's own connection (:mod:`pdscope.client.http1`)."""
+    answer = await http1.post_and_read(
+        session, url, payload, headers, builder, _feeder(url, builder, parser, max_chunks),
+        parser.close, timeouts.connect, accept == "text/event-stream", _DRAIN_AFTER_DONE_S,
+        fresh)
+    if answer is not None:
+        _fail_answer(builder, url, *answer)
 
 
 async def stream_post(
@@ -332,13 +351,18 @@ async def stream_post(
     watchdog = _Watchdog(builder, timeouts, t0)
     watchdog.arm()
     traced = is_traced(session)
+    own = http1.usable(session, url, sent)
     try:
         for attempt in (1, 2):
             if not traced:
                 builder.t_send_ns = now_ns()
             try:
-                await _post_and_read(session, url, payload, sent, builder, parser, timeouts,
-                                     accept, max_chunks)
+                if own:
+                    await _post_and_read_own(session, url, payload, sent, builder, parser,
+                                             timeouts, accept, max_chunks, attempt == 2)
+                else:
+                    await _post_and_read(session, url, payload, sent, builder, parser,
+                                         timeouts, accept, max_chunks)
                 break
             except STALE_CONNECTION as exc:
                 # A kept-alive connection the server had closed: the request never reached
@@ -355,6 +379,8 @@ async def stream_post(
             uncancel = getattr(watchdog.task, "uncancel", None)  # Python >= 3.11
             if uncancel is not None:
                 uncancel()
+    except http1.ConnectFailed as exc:
+        builder.fail(exc.kind, str(exc))
     except aiohttp.ClientConnectorError as exc:
         builder.fail("connect", f"cannot connect to {_origin(url)}: {connect_reason(exc)}")
     except aiohttp.ServerTimeoutError:
@@ -394,14 +420,10 @@ async def _read_body(resp: aiohttp.ClientResponse) -> str:
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
-async def _read_stream(
-    resp: aiohttp.ClientResponse,
-    builder: RecordBuilder,
-    parser: StreamParser,
-    max_chunks: int | None,
-) -> None:
-    """Each read's bytes to the parser with the time they came (:mod:`pdscope.client.tap`:
-    in the callback that received them), until the stream is done, failed or over-long."""
+def _feeder(url: object, builder: RecordBuilder, parser: StreamParser,
+            max_chunks: int | None) -> Callable[[bytes, int], bool]:
+    """``on_data(bytes, read time)``: each read's bytes to the parser; ``True`` once the
+    stream is done, failed or over-long."""
 
     def on_data(data: bytes, t: int) -> bool:
         parser.feed(data, t)
@@ -410,13 +432,25 @@ async def _read_stream(
         if max_chunks is not None and builder.n_chunks > max_chunks:
             builder.fail(
                 "overrun",
-                f"{resp.url}: the server kept streaming past the {max_chunks} chunks allowed"
+                f"{url}: the server kept streaming past the {max_chunks} chunks allowed"
                 " for this request; the client hung up",
             )
             return True
         return False
 
-    await read_stream(resp.content, on_data, parser.close)
+    return on_data
+
+
+async def _read_stream(
+    resp: aiohttp.ClientResponse,
+    builder: RecordBuilder,
+    parser: StreamParser,
+    max_chunks: int | None,
+) -> None:
+    """Each read's bytes to the parser with the time they came (:mod:`pdscope.client.tap`:
+    in the callback that received them), until the stream is done, failed or over-long."""
+    await read_stream(resp.content, _feeder(resp.url, builder, parser, max_chunks),
+                      parser.close)
 
 
 async def get_json(
