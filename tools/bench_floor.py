@@ -1,6 +1,6 @@
 """What a streamed token costs a client, layer by layer: the floor under ``pdscope bench``.
 
-Four readers drive the same closed loop (C streams, each sending its next request when its
+Five readers drive the same closed loop (C streams, each sending its next request when its
 answer ends) against one reference server (TTFT 50 ms, then a token every 10 ms, 64 tokens a
 request unless ``--output-len`` says, one chunk a token), in this one process, on uvloop:
 
@@ -11,6 +11,8 @@ request unless ``--output-len`` says, one chunk a token), in this one process, o
 - ``pdscope``: :func:`pdscope.client.stream_request`, as ``pdscope bench`` sends every request:
   aiohttp, each read parsed where it arrives (``client/tap.py``), every chunk's JSON decoded and
   timed, a record built a request.
+- ``pdscope-own``: ``pdscope`` on its own HTTP/1.1 connections (``client/http1.py``, off by
+  default for now): the whole client, pool, timeouts and error paths included.
 - ``own``: what a reader of pdscope's own under aiohttp's would cost: an ``asyncio.Protocol``
   with httptools' HTTP/1.1 parser feeding the same stream parser and record builder (the floor
   of such a reader: no pool, retry, timeout or error path). Needs ``httptools`` (in the lab's
@@ -210,8 +212,20 @@ async def run_own(url: str, concurrency: int, counter: _Counter) -> None:
     await asyncio.gather(*waits)
 
 
+async def run_pdscope_own(url: str, concurrency: int, counter: _Counter) -> None:
+    """``pdscope`` with its own HTTP/1.1 connections switched on (``client/http1.py``)."""
+    from pdscope.client import http1
+
+    before, http1.enabled = http1.enabled, True
+    try:
+        await run_pdscope(url, concurrency, counter)
+    finally:
+        http1.enabled = before
+
+
 READERS: dict[str, Callable[[str, int, _Counter], Awaitable[None]]] = {
     "raw": run_raw, "aiohttp": run_aiohttp, "pdscope": run_pdscope, "own": run_own,
+    "pdscope-own": run_pdscope_own,
 }
 
 
