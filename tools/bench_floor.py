@@ -76,13 +76,24 @@ def _body(output_tokens: int) -> dict[str, object]:
     return {"model": MODEL, "prompt": PROMPT, "max_tokens": output_tokens, "stream": True}
 
 
+async def _streams(url: str, concurrency: int,
+                   protocol: Callable[[asyncio.Future[None]], asyncio.Protocol]) -> None:
+    """``concurrency`` connections at once, each ``protocol(done)``, until every one is closed."""
+    loop = asyncio.get_running_loop()
+    parts = urlsplit(url)
+    waits = [loop.create_future() for _ in range(concurrency)]
+    await asyncio.gather(*(loop.create_connection(functools.partial(protocol, done),
+                                                  parts.hostname or "127.0.0.1",
+                                                  parts.port or 80) for done in waits))
+    await asyncio.gather(*waits)
+
+
 async def run_raw(url: str, concurrency: int, counter: _Counter) -> None:
     """Prepared requests over raw connections; a response ends with the chunked body's end."""
     parts = urlsplit(url)
     body = json.dumps(_body(counter.output)).encode()
     request = (b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n" % (parts.netloc.encode(), len(body))) + body
-    loop = asyncio.get_running_loop()
 
     class Stream(asyncio.Protocol):
         def __init__(self, done: asyncio.Future[None]) -> None:
@@ -109,11 +120,7 @@ async def run_raw(url: str, concurrency: int, counter: _Counter) -> None:
             if not self.done.done():
                 self.done.set_result(None)
 
-    waits = [loop.create_future() for _ in range(concurrency)]
-    await asyncio.gather(*(loop.create_connection(functools.partial(Stream, done),
-                                                  parts.hostname or "127.0.0.1",
-                                                  parts.port or 80) for done in waits))
-    await asyncio.gather(*waits)
+    await _streams(url, concurrency, Stream)
 
 
 async def run_aiohttp(url: str, concurrency: int, counter: _Counter) -> None:
@@ -205,11 +212,7 @@ async def run_own(url: str, concurrency: int, counter: _Counter) -> None:
             if not self.done.done():
                 self.done.set_result(None)
 
-    waits = [loop.create_future() for _ in range(concurrency)]
-    await asyncio.gather(*(loop.create_connection(functools.partial(Stream, done),
-                                                  parts.hostname or "127.0.0.1",
-                                                  parts.port or 80) for done in waits))
-    await asyncio.gather(*waits)
+    await _streams(url, concurrency, Stream)
 
 
 async def run_pdscope_own(url: str, concurrency: int, counter: _Counter) -> None:

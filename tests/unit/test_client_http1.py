@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Iterator
 
 import aiohttp
 import pytest
 
 from pdscope.client import Target, http1, new_session, stream_request
-from pdscope.client.openai import OpenAIStreamParser
 from pdscope.selftest import ReferenceServer
 from tests.unit.test_client_faults import QUICK, request
-from tests.unit.test_client_tap import summary
+from tests.unit.test_client_tap import spy_feeds, summary
 
 
 @pytest.fixture(autouse=True)
@@ -29,18 +27,8 @@ FAULTS = ["refuse", "http_429", "http_500", "reset_mid_stream", "stall", "malfor
 
 
 @pytest.fixture
-def feeds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
-    """For each read the parser is fed: ``True`` when inside a task, ``False`` when in the
-    connection's own callback."""
-    seen: list[bool] = []
-    feed = OpenAIStreamParser.feed
-
-    def spy(self: OpenAIStreamParser, data: bytes, t_ns: int) -> None:
-        seen.append(asyncio.current_task() is not None)
-        feed(self, data, t_ns)
-
-    monkeypatch.setattr(OpenAIStreamParser, "feed", spy)
-    yield seen
+def feeds(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    return spy_feeds(monkeypatch)
 
 
 @pytest.mark.timeout(90)

@@ -16,12 +16,9 @@ from tests.unit.test_client_faults import request
 FAULTS = ["reset_mid_stream", "stall", "malformed_chunk", "never_ending"]
 
 
-@pytest.fixture
-def feeds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
+def spy_feeds(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """For each read the parser is fed: ``True`` when it ran inside a task (``readany()``),
-    ``False`` when in the connection's own callback (the tap). The tap is aiohttp's path:
-    pdscope's own connections (``client/http1.py``) are switched off here."""
-    monkeypatch.setattr(http1, "enabled", False)
+    ``False`` when in the connection's own callback (the tap, or ``client/http1.py``)."""
     seen: list[bool] = []
     feed = OpenAIStreamParser.feed
 
@@ -30,7 +27,14 @@ def feeds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
         feed(self, data, t_ns)
 
     monkeypatch.setattr(OpenAIStreamParser, "feed", spy)
-    yield seen
+    return seen
+
+
+@pytest.fixture
+def feeds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
+    """:func:`spy_feeds` on aiohttp's path: pdscope's own connections switched off."""
+    monkeypatch.setattr(http1, "enabled", False)
+    yield spy_feeds(monkeypatch)
 
 
 def summary(fault: str | None) -> tuple[object, ...]:
