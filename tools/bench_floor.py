@@ -8,11 +8,12 @@ request unless ``--output-len`` says, one chunk a token), in this one process, o
   each read: no HTTP library, no JSON. The operating system's and the event loop's share.
 - ``aiohttp``: aiohttp's client, ``iter_any()`` over the body, counting events: what the HTTP
   library adds (its parser, its reader, a task woken a read, a request's set-up).
-- ``pdscope``: :func:`pdscope.client.stream_request`, as ``pdscope bench`` sends every request:
-  aiohttp, each read parsed where it arrives (``client/tap.py``), every chunk's JSON decoded and
-  timed, a record built a request.
-- ``pdscope-own``: ``pdscope`` on its own HTTP/1.1 connections (``client/http1.py``, off by
-  default for now): the whole client, pool, timeouts and error paths included.
+- ``pdscope``: :func:`pdscope.client.stream_request` on aiohttp's connections (``client/http1.py``
+  switched off): each read parsed where it arrives (``client/tap.py``), every chunk's JSON
+  decoded and timed, a record built a request.
+- ``pdscope-own``: ``pdscope`` on its own HTTP/1.1 connections (``client/http1.py``, as
+  ``pdscope bench`` sends every plain-HTTP request): the whole client, pool, timeouts and error
+  paths included.
 - ``own``: what a reader of pdscope's own under aiohttp's would cost: an ``asyncio.Protocol``
   with httptools' HTTP/1.1 parser feeding the same stream parser and record builder (the floor
   of such a reader: no pool, retry, timeout or error path). Needs ``httptools`` (in the lab's
@@ -137,7 +138,19 @@ async def run_aiohttp(url: str, concurrency: int, counter: _Counter) -> None:
         await asyncio.gather(*(stream(session) for _ in range(concurrency)))
 
 
-async def run_pdscope(url: str, concurrency: int, counter: _Counter) -> None:
+async def run_pdscope(url: str, concurrency: int, counter: _Counter, own: bool = False) -> None:
+    """:func:`pdscope.client.stream_request` in a closed loop; ``own``: on pdscope's own HTTP/1.1
+    connections (``client/http1.py``), else on aiohttp's."""
+    from pdscope.client import http1
+
+    before, http1.enabled = http1.enabled, own
+    try:
+        await _run_pdscope(url, concurrency, counter)
+    finally:
+        http1.enabled = before
+
+
+async def _run_pdscope(url: str, concurrency: int, counter: _Counter) -> None:
     target = Target(base_url=url, api="openai", model=MODEL)
 
     async def stream(session: aiohttp.ClientSession) -> None:
@@ -216,14 +229,7 @@ async def run_own(url: str, concurrency: int, counter: _Counter) -> None:
 
 
 async def run_pdscope_own(url: str, concurrency: int, counter: _Counter) -> None:
-    """``pdscope`` with its own HTTP/1.1 connections switched on (``client/http1.py``)."""
-    from pdscope.client import http1
-
-    before, http1.enabled = http1.enabled, True
-    try:
-        await run_pdscope(url, concurrency, counter)
-    finally:
-        http1.enabled = before
+    await run_pdscope(url, concurrency, counter, own=True)
 
 
 READERS: dict[str, Callable[[str, int, _Counter], Awaitable[None]]] = {

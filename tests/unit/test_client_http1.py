@@ -18,7 +18,7 @@ from tests.unit.test_client_tap import spy_feeds, summary
 
 @pytest.fixture(autouse=True)
 def own_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The own path on (it is off by default until the lab suite has run with it)."""
+    """The own path on (its default), whatever an earlier test left."""
     monkeypatch.setattr(http1, "enabled", True)
 
 

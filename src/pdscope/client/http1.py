@@ -20,7 +20,7 @@ faults (``ServerDisconnectedError``, ``ClientOSError``, ``ClientPayloadError``),
 words, the same retry of a pooled connection the server had closed.
 
 **Where.** ``stream_post`` takes this path for ``http://`` URLs on a session with an
-:class:`OwnConnector` while :data:`enabled` (off until the lab suite has run with it on);
+:class:`OwnConnector` while :data:`enabled` (on; ``False`` puts every request back on aiohttp);
 ``https://`` (TLS), credentials in the URL, a session made elsewhere, or a header value aiohttp
 would refuse go through aiohttp. Connecting is timed into ``connect_s`` (and bounded by the
 connect timeout), ``t_send`` is when the request's bytes were handed to the socket, and a
@@ -47,10 +47,10 @@ from pdscope.units import NS
 
 now_ns = time.perf_counter_ns
 
-# The switch. Off for now: the own path passes the unit suite and halves the client's CPU a
-# token against aiohttp's in tools/bench_floor.py, but the lab suite has not yet run with it on
-# (issue 24); ``True`` sends plain-HTTP streams on these connections.
-enabled = False
+# The switch. On: the own path passes the unit suite (every reference fault records alike on
+# both paths) and the lab suite (vLLM and llama-server), and takes 16 % off the client's CPU a
+# token in tools/bench_floor.py. ``False`` sends every request through aiohttp, as before.
+enabled = True
 
 Key = tuple[str, int]
 
@@ -421,8 +421,11 @@ async def post_and_read(
     assert conn.transport is not None
     keep = False
     try:
-        conn.transport.write("\r\n".join(lines).encode("latin-1") + payload)
+        data = "\r\n".join(lines).encode("latin-1") + payload
+        # Stamped as the bytes are handed over: uvloop's write sends at once, and the server, in
+        # its own process, may start its clock before the write returns here.
         builder.t_send_ns = now_ns()
+        conn.transport.write(data)
         builder.body_sent = True
         await ex.stopped
         if ex.collect is not None:  # an answer to classify: read it whole (up to the limit)
