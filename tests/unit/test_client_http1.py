@@ -127,6 +127,9 @@ def test_the_sessions_headers_go_with_each_request() -> None:
     assert isinstance(got, dict) and got["requests"]
     headers = got["requests"][-1]["headers"]
     assert headers.get("x-pdscope-test") == hashlib.sha256(b"kept").hexdigest(), headers
+    # The client names itself, as aiohttp does on its path (a server's log tells who called).
+    ua = hashlib.sha256(http1.USER_AGENT.encode()).hexdigest()
+    assert headers.get("user-agent") == ua and http1.USER_AGENT.startswith("pdscope/"), headers
 
 
 @pytest.mark.timeout(60)

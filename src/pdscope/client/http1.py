@@ -42,10 +42,13 @@ from urllib.parse import urlsplit
 import aiohttp
 import httptools
 
+from pdscope import __version__
 from pdscope.client.record import ErrorKind, RecordBuilder
 from pdscope.units import NS
 
 now_ns = time.perf_counter_ns
+
+USER_AGENT = f"pdscope/{__version__}"
 
 # The switch. On: the own path passes the unit suite (every reference fault records alike on
 # both paths) and the lab suite (vLLM and llama-server), and takes 16 % off the client's CPU a
@@ -413,7 +416,10 @@ async def post_and_read(
     if parts.query:
         target += "?" + parts.query
     lines = [f"POST {target} HTTP/1.1", f"Host: {parts.netloc}"]
-    lines += [f"{k}: {v}" for k, v in _all_headers(session, headers).items()]
+    sent = _all_headers(session, headers)
+    if not any(k.lower() == "user-agent" for k in sent):  # as aiohttp names itself, ours
+        sent["User-Agent"] = USER_AGENT
+    lines += [f"{k}: {v}" for k, v in sent.items()]
     lines += [f"Content-Length: {len(payload)}", "", ""]
     loop = asyncio.get_running_loop()
     ex = _Exchange(loop, builder, on_data, on_end, expect_sse)
