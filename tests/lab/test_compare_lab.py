@@ -39,6 +39,13 @@ def ab(url_a: str, url_b: str, out: Path, *extra: str, input_len: int = 1024,
     return {row["metric"]: row for row in json.loads(r.stdout)["rows"]}
 
 
+def _said(row: dict[str, Any]) -> str:
+    """A row in one line, its figures whole (pytest cuts a long dict short)."""
+    keys = ("metric", "a", "b", "delta_pct", "ci_low_pct", "ci_high_pct", "p_raw", "p_value",
+            "verdict")
+    return ", ".join(f"{k}={row.get(k)}" for k in keys)
+
+
 def test_a_small_budget_trades_the_tokens_for_the_stalls(vllm_server: lab.LabServer,
                                                        small_budget: lab.LabServer,
                                                        tmp_path: Path) -> None:
@@ -46,18 +53,22 @@ def test_a_small_budget_trades_the_tokens_for_the_stalls(vllm_server: lab.LabSer
     # computed in one step (default budget, 2,048) or in eight (128): a gap of a whole
     # prompt's step, or of an eighth of it, in the decoding stream. Measured with 128: ITL p99
     # -80.8 % (-82.0 … -80.2).
-    # Three rounds of 8 requests of 24 tokens: 552 gaps a side, past the 500 a p99 needs to be
-    # tested across rounds (5 beyond it, pdscope.compare.comparison.MIN_TAIL_SAMPLES).
+    # A p99 is tested across rounds (Welch on the logs of each round's p99), so the rounds are
+    # its sample: with three a side, one round's hiccup on a busy machine left Welch two
+    # degrees of freedom and the verdict `~` in CI (an EPYC) though the effect was large. Here,
+    # rounds' p99 of A 961, 504, 512, 477, 525 ms, of B 163, 166, 150, 138, 160 ms: Welch's p
+    # on the first three 0.021 (0.17 once Holm's adjustment for 8 figures: `~`), on all five
+    # 0.0003. Five rounds of 8 requests of 24 tokens: 920 gaps a side, past the 500 a p99
+    # needs (pdscope.compare.comparison.MIN_TAIL_SAMPLES).
     load = ab(vllm_server.url, small_budget.url, tmp_path / "load", "--concurrency", "2",
-              "--output-len", "24", "--num-prompts", "8", rounds=3)
+              "--output-len", "24", "--num-prompts", "8", rounds=5)
     itl = load["itl_p99_s"]
-    assert itl["verdict"] == "better" and itl["significant"], itl
-    assert itl["ci_high_pct"] < -5, itl
-    # The price: every step now carries a prompt chunk, so the tokens between the stalls
-    # come more slowly (measured +42 % and +46 % with 256, +44 % with 128; its interval is
-    # wide).
-    tpot = load["tpot_p50_s"]
-    assert tpot["delta_pct"] > 10, tpot
+    assert itl["verdict"] == "better" and itl["significant"], _said(itl)
+    assert itl["ci_high_pct"] < -5, _said(itl)
+    # The price, every step that carries a prompt chunk being slower, is not asserted: it moves
+    # the ITL's upper quartile, not a figure compared here. The TPOT holds the stalls as well
+    # as the steps (the same work, cut otherwise): +42 %, +46 % and +44 % in three runs, +1 %
+    # in a five-round run whose rounds' TPOT ranged 51-90 ms a side (docs/compare.md).
 
 
 def test_a_small_budget_makes_a_long_prompt_wait_longer(vllm_server: lab.LabServer,
@@ -72,9 +83,9 @@ def test_a_small_budget_makes_a_long_prompt_wait_longer(vllm_server: lab.LabServ
     rows = ab(vllm_server.url, small_budget.url, tmp_path / "probe", "--workload", "probe",
               "--output-len", "4", "--runs", "3", "--seed", "11", input_len=2048)
     ttft = rows["ttft_p50_s"]
-    assert ttft["verdict"] == "worse" and ttft["significant"], ttft
-    assert ttft["ci_low_pct"] > 0, ttft
-    assert rows["prefill_tok_s"]["verdict"] == "worse", rows["prefill_tok_s"]
+    assert ttft["verdict"] == "worse" and ttft["significant"], _said(ttft)
+    assert ttft["ci_low_pct"] > 0, _said(ttft)
+    assert rows["prefill_tok_s"]["verdict"] == "worse", _said(rows["prefill_tok_s"])
 
 
 def test_a_small_budget_shortens_the_stall_of_the_doctor_s_experiment(
@@ -86,8 +97,8 @@ def test_a_small_budget_shortens_the_stall_of_the_doctor_s_experiment(
               "interference", "--concurrency", "4", "--seed", "9", input_len=1800,
               rounds=3)
     stall = rows["prefill_stall_s"]
-    assert stall["verdict"] == "better" and stall["significant"], stall
-    assert stall["delta_pct"] < -40, stall
+    assert stall["verdict"] == "better" and stall["significant"], _said(stall)
+    assert stall["delta_pct"] < -40, _said(stall)
 
 
 def test_the_same_server_against_itself_is_the_same(vllm_server: lab.LabServer,
@@ -114,8 +125,8 @@ def test_one_slot_against_four_queues_the_users_that_four_would_serve(
         rows = ab(llamacpp_server.url, one_slot.url, tmp_path / "np", "--concurrency", "4",
                   "--output-len", "48", "--num-prompts", "8", input_len=64, rounds=3)
     ttft = rows["ttft_p50_s"]
-    assert ttft["verdict"] == "worse" and ttft["significant"], ttft
-    assert ttft["ci_low_pct"] > 50, ttft
+    assert ttft["verdict"] == "worse" and ttft["significant"], _said(ttft)
+    assert ttft["ci_low_pct"] > 50, _said(ttft)
     itl = rows["itl_p50_s"]
-    assert itl["verdict"] == "better" and itl["significant"], itl
-    assert itl["ci_high_pct"] < -5, itl
+    assert itl["verdict"] == "better" and itl["significant"], _said(itl)
+    assert itl["ci_high_pct"] < -5, _said(itl)

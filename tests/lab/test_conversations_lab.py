@@ -44,12 +44,19 @@ def test_prefix_reuse_keeps_late_turns_flat(vllm_server: lab.LabServer, tmp_path
     prompts = [t["prompt_tokens_p50"] for t in on["per_turn"]]
     assert prompts[4] >= prompts[0] + 4 * 300
     # With reuse turn 5 prefills about its new message: within 2.5x of turn 1 (measured 1.43x
-    # on a busy 2-core AMD EPYC: 0.99 s and 1.41 s).
+    # on a busy 2-core AMD EPYC: 0.99 s and 1.41 s; 1.61x on a faster Xeon:
+    # 0.40 s and 0.64 s).
     assert ttft(on, 5) < 2.5 * ttft(on, 1)
-    # Without, it prefills five times the tokens: well above turn 1, and above turn 5 with
-    # reuse (measured 0.76 s and 5.46 s, 7.2x; 3.9x turn 5 with reuse).
-    assert ttft(off, 5) > 3.0 * ttft(off, 1)
-    assert ttft(off, 5) > 2.0 * ttft(on, 5)
+    # Without, it prefills five times the tokens: at least twice turn 1 (measured 7.2x on the
+    # EPYC, 3.1x on the Xeon, where a step's fixed cost is a larger part of a short prefill).
+    assert ttft(off, 5) > 2.0 * ttft(off, 1)
+    # And the history costs without reuse what it does not with: TTFT grows from turn 1 to 5 by
+    # twice as much or more (the growth, not the ratio: the fixed cost of a step is in both
+    # turns and hides the prefill on a fast CPU). Measured 11x (4.70 s and 0.42 s) on the EPYC,
+    # 3.4x (0.82 s and 0.24 s) on the Xeon, where turn 5 without reuse
+    # was only 1.9x turn 5 with it.
+    grown_off, grown_on = ttft(off, 5) - ttft(off, 1), ttft(on, 5) - ttft(on, 1)
+    assert grown_off > 2.0 * max(grown_on, 0.0), (grown_off, grown_on)
     # The server's own counters: most of turns 2-5 is a hit with reuse (measured 62% of all
     # prompt tokens), nothing without (0).
     assert on["server_cache_share"] is not None and on["server_cache_share"] > 0.4
