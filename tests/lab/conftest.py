@@ -68,13 +68,13 @@ def group_members(pgid: int) -> list[psutil.Process]:
     return out
 
 
-# The lab's vLLM with a 128-token step budget (chunked prefill in small chunks) and prefix
+# The lab's vLLM with a 64-token step budget (chunked prefill in small chunks) and prefix
 # caching off: the compare tests' server B and the doctor's second server, started once (a vLLM
 # start is 2-3.5 minutes on a busy 2-core machine). vLLM asks for --max-num-seqs no larger than
 # the step budget. ab sends new prompts every round, so the cache's absence changes nothing in
 # the compare tests; the doctor finds it.
-SMALL_BUDGET_FLAGS = ("--no-enable-prefix-caching", "--max-num-batched-tokens", "128",
-                      "--max-num-seqs", "128")
+SMALL_BUDGET_FLAGS = ("--no-enable-prefix-caching", "--max-num-batched-tokens", "64",
+                      "--max-num-seqs", "64")
 
 
 @pytest.fixture(scope="session")

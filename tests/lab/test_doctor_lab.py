@@ -55,7 +55,7 @@ def test_default_vllm_caches_prefixes_and_queues_for_the_scheduler(default_run: 
 def test_without_prefix_caching_and_with_a_small_budget(
     default_run: Path, small_budget_vllm: lab.LabServer, tmp_path: Path
 ) -> None:
-    # The compare tests' server B: prefix caching off, a 128-token step budget.
+    # The compare tests' server B: prefix caching off, a 64-token step budget.
     findings = doctor(small_budget_vllm.url, tmp_path, "--compare-with", str(default_run))
     off = findings["prefix-cache-off"]
     assert off["status"] == "fired"
@@ -69,10 +69,10 @@ def test_without_prefix_caching_and_with_a_small_budget(
     # running streams for less, and the finding says so with both numbers.
     inter = findings["prefill-interference"]
     runs = {r["label"]: r["max_gap_s"] for r in inter["evidence"]["runs"]}
-    small = runs["--max-num-batched-tokens 128"]
+    small = runs["--max-num-batched-tokens 64"]
     large = runs["default budget (vLLM, 2048 tokens a step)"]
     assert small < large
-    assert "--max-num-batched-tokens 128" in inter["reason"]
+    assert "--max-num-batched-tokens 64" in inter["reason"]
     assert "smaller prefill budget did better" in inter["reason"]
     assert f"{small:.2f} s" in inter["reason"] and f"{large:.2f} s" in inter["reason"]
 
