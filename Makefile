@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 CORE   := $(VENV)/.pdscope-core
 LAB    := $(VENV)/.pdscope-lab
 
-.PHONY: demo test test-unit test-lab lint venv lab browser bench clean
+.PHONY: demo test test-unit test-lab lint venv lab browser bench bench-quick clean
 
 demo: $(LAB)
 	$(BIN)/pdscope demo
@@ -55,6 +55,14 @@ BENCH_TOOLS := vllm$(if $(wildcard .venv-compare/bin/guidellm),$(comma)guidellm)
 bench: $(LAB)
 	$(BIN)/python tools/selftest_doc.py
 	$(BIN)/python tools/bench_clients.py --tools $(BENCH_TOOLS) --concurrency 1,50,200 \
+		--repeat-c1 1 --no-doc
+	$(BIN)/python tools/bench_planner.py
+
+# The same tables in about half the time, for CI (.ci/run): one self-test run a mode, the tools
+# at 1 and 200 streams (2.0 + 2.1 min for `bench`'s first two lines on two cores here).
+bench-quick: $(LAB)
+	$(BIN)/python tools/selftest_doc.py --runs 1
+	$(BIN)/python tools/bench_clients.py --tools $(BENCH_TOOLS) --concurrency 1,200 \
 		--repeat-c1 1 --no-doc
 	$(BIN)/python tools/bench_planner.py
 

@@ -1,7 +1,8 @@
 """Run `pdscope selftest` with streams spread out and all at once, and write both tables into
 docs/benchmarks.md between the selftest markers (reruns replace them).
 
-    .venv/bin/python tools/selftest_doc.py            # about a minute on two cores
+    .venv/bin/python tools/selftest_doc.py            # about two minutes on two cores
+    .venv/bin/python tools/selftest_doc.py --runs 1   # one run a mode (CI's `make bench-quick`)
     .venv/bin/python tools/selftest_doc.py --workers  # scale-out: about five minutes
 
 ``--workers`` measures the load split between worker processes instead (`selftest --workers`
@@ -269,14 +270,17 @@ def main() -> None:
                     "\n\n## Past one process: `selftest --workers`\n\n")
         print(block)
         return
-    ramped = [run(False) for _ in range(RUNS)]
-    burst = [run(True) for _ in range(RUNS)]
+    runs = RUNS
+    if "--runs" in argv:  # `make bench-quick` (CI): one run a mode
+        runs = int(argv[argv.index("--runs") + 1])
+    ramped = [run(False) for _ in range(runs)]
+    burst = [run(True) for _ in range(runs)]
     load = os.getloadavg()
     block = "\n".join([
         START,
         f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} cores"
         f" ({platform.processor() or platform.machine()}), load average {load[0]:.1f};"
-        f" client event loop {ramped[0]['loop']}; medians of {RUNS} runs; errors in ms"
+        f" client event loop {ramped[0]['loop']}; medians of {runs} runs; errors in ms"
         " (reported minus scheduled). Reference server: TTFT 50 ms, then a token every 10 ms,"
         " 100 tokens a request.",
         "",

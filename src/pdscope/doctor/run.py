@@ -525,6 +525,11 @@ def interference_streams(scheduling: str, settings: ServerSettings) -> int:
 LOAD_INPUT_TOKENS = 1000
 LOAD_OUTPUT_TOKENS = 32
 SEARCH_LEVEL_S = 15.0  # seconds of load a level of the --thorough search
+# Quick: the planner calibrated to the load's prompt length, not past it (the 2,048-token prompt
+# and the 1,536-token context are a third of the calibration's time; on the lab's llama-server,
+# which prefills ~200 tokens a second on two cores, 40 s of the doctor's 245).
+QUICK_PREFILL_TOKENS = (128, 512, 1024)
+QUICK_DECODE_CONTEXTS = (64, 1024)
 
 
 async def search_evidence(conn: Connection, bench: BenchConfig, config: DoctorConfig,
@@ -687,7 +692,11 @@ async def run_doctor(url: str, config: DoctorConfig,
         plan: PlanEvidence | None = None
         say("plan: calibrating the planner on this server")
         try:
-            calibration = await run_calibration(conn, CalibrationConfig(runs=1, **common))
+            calibrating = CalibrationConfig(runs=1, **common)
+            if quick:
+                calibrating = replace(calibrating, prefill_tokens=QUICK_PREFILL_TOKENS,
+                                      decode_contexts=QUICK_DECODE_CONTEXTS)
+            calibration = await run_calibration(conn, calibrating)
         except (RunError, InputError) as exc:
             skipped["plan"] = Note("the planner's calibration failed: ", exc)
             if isinstance(exc, ContextExceeded):
