@@ -125,6 +125,12 @@ class Engine:
             # GiB of KV pool on CPU (vLLM's CPU backend sizes its pool from this, not from
             # --gpu-memory-utilization). 2 GiB holds ~90,000 tokens of SmolLM2.
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+            # vLLM's AOT compile cache (on by default with torch 2.10 and later: vllm/envs.py,
+            # use_aot_compile) fails to load on vllm-cpu 0.32 ("Compiling model again due to a
+            # load failure ... 'function' object has no attribute 'finalize_loading'") and
+            # compiles again at every start: 105 s a start here. Without it, torch.compile's
+            # own cache is reused: the first start 101 s, the next 44-48 s, with other flags too.
+            env.setdefault("VLLM_USE_AOT_COMPILE", "0")
         return env
 
 
