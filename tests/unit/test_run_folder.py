@@ -5,6 +5,7 @@ included."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from pdscope.load import (
     read_run,
     summarize_stage,
 )
-from pdscope.load.results import RunFolder, read_requests
+from pdscope.load.results import RunFolder, jsonl_line, read_requests
 from pdscope.load.runner import Finished
 from pdscope.metrics import (
     VLLM,
@@ -103,8 +104,20 @@ def test_a_requests_line_is_the_run_fields_then_the_record(tmp_path: Path) -> No
     assert list(first)[:5] == ["index", "stage", "warmup", "client_queue_s", "worker"]
     assert first == {"index": 1, "stage": STAGE.name, "warmup": False, "client_queue_s": 0.002,
                      "worker": 0, **finished[1].record.to_dict()}
-    again = [json.dumps(r.to_json()) for r in read_requests(tmp_path / "requests.jsonl")]
-    assert again == lines
+    again = [jsonl_line(r.to_json()) for r in read_requests(tmp_path / "requests.jsonl")]
+    assert again == [line + "\n" for line in lines]
+
+
+def test_a_line_reads_back_as_written_text_and_non_finite_numbers_included() -> None:
+    row = {"index": 0, "output_text": "café ☕ \"quoted\"\n", "token_times_ns": [2**62, 1],
+           "derived": {"tpot_s": 0.25, "decode_tok_s": None}}
+    line = jsonl_line(row)
+    assert line.endswith("\n") and "\n" not in line[:-1]
+    assert json.loads(line) == row
+    # msgspec writes NaN and Infinity as null: such a row goes to json.dumps, which keeps them.
+    odd = {**row, "derived": {"tpot_s": math.inf, "e2e_s": math.nan}}
+    back = json.loads(jsonl_line(odd))
+    assert back["derived"]["tpot_s"] == math.inf and math.isnan(back["derived"]["e2e_s"])
 
 
 def test_a_line_that_is_not_a_request_is_skipped(tmp_path: Path) -> None:

@@ -193,8 +193,10 @@ class RequestRecord:
     @property
     def itl_s(self) -> tuple[float, ...]:
         """Gaps per token: a chunk that brought k tokens after a gap g gives k gaps of g / k."""
-        out: list[float] = []
         ks = self.chunk_tokens if len(self.chunk_tokens) == len(self.token_times_ns) else None
+        if ks is None or max(ks[1:], default=1) <= 1:  # a token a chunk: the gaps themselves
+            return self.chunk_gaps_s
+        out: list[float] = []
         for i, gap in enumerate(self.chunk_gaps_s, start=1):
             k = max(1, ks[i]) if ks is not None else 1
             out.extend([gap / k] * k)
@@ -310,14 +312,15 @@ class RequestRecord:
     def derived(self) -> dict[str, Any]:
         """The derived figures, for people reading a JSONL file (ignored by ``from_dict``)."""
         itl = self.itl_s
+        prefill_tok_s, prefill_source = self._prefill()
         return {
             "ttft_s": self.ttft_s,
             "tpot_s": self.tpot_s,
             "decode_tok_s": self.decode_tok_s,
             "e2e_s": self.e2e_s,
             "median_itl_s": statistics.median(itl) if itl else None,
-            "prefill_tok_s": self.prefill_tok_s,
-            "prefill_source": self.prefill_source,
+            "prefill_tok_s": prefill_tok_s,
+            "prefill_source": prefill_source,
             "n_out": self.n_out,
             "truncated": self.truncated,
             "ttfo_s": self.ttfo_s if self.reasoned else None,

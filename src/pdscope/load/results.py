@@ -16,13 +16,16 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import shutil
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+import msgspec
 
 from pdscope.client.fields import RequestFields
 from pdscope.client.record import record_series
@@ -151,6 +154,30 @@ class RunMeta:
         )
 
 
+_encode = msgspec.json.Encoder().encode
+
+
+def jsonl_line(row: Mapping[str, Any]) -> str:
+    """A ``requests.jsonl`` line: ``row`` (numbers, text, lists and dicts of them) as compact
+    JSON, with its newline. One call of msgspec's encoder (a request's four lists of 64 token
+    times took ``json.dumps`` ~40 us of a ~300 us request at 200 streams); a row holding a
+    float that is not finite goes to ``json.dumps`` (NaN, Infinity), which msgspec writes as
+    null, so the file reads back the same either way."""
+    if any(type(v) is float and not math.isfinite(v) for v in _scalars(row)):
+        return json.dumps(row, separators=(",", ":")) + "\n"
+    return _encode(row).decode("utf-8") + "\n"
+
+
+def _scalars(row: Mapping[str, Any]) -> Iterator[Any]:
+    """The values of ``row`` and of the dicts in it (a record's ``derived``, its
+    ``server_timings``); the lists in it hold integers (times, token counts)."""
+    for value in row.values():
+        if type(value) is dict:
+            yield from _scalars(value)
+        else:
+            yield value
+
+
 class RunFolder:
     """Writes a run folder; ``record`` is the sink a :func:`run_stage` hands each request.
 
@@ -200,7 +227,7 @@ class RunFolder:
                        f" {rescue_dir()}, nor the current folder") from None
 
     def record(self, finished: Finished) -> None:
-        line = json.dumps(RunRequest.of(self.stage, finished).to_json()) + "\n"
+        line = jsonl_line(RunRequest.of(self.stage, finished).to_json())
         try:
             self._jsonl.write(line)
             self._jsonl.flush()
