@@ -180,3 +180,60 @@ def test_a_server_that_answers_with_one_json_body_did_not_stream() -> None:
 
     r = run(main())
     assert r.error_kind == "stream_broken" and "not a stream" in (r.error or "")
+
+
+def completions_stream(*chunks: object) -> bytes:
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + \
+        b"data: [DONE]\n\n"
+
+
+def _choice(text: object, finish: object = None) -> dict[str, object]:
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+
+# Completions chunks of every shape the typed path (``_completion_fields``) takes or hands back
+# to the general one: what each reads must not differ.
+ODD_CHUNKS: list[tuple[object, ...]] = [
+    ({"choices": [_choice(" a")], "usage": {"prompt_tokens": 5, "completion_tokens": 1}},
+     {"choices": [_choice(" b c", "length")], "usage": {"prompt_tokens": 5,
+                                                       "completion_tokens": 3}},
+     {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}),
+    ({"choices": [_choice(" a")], "pdscope_sent_ns": 7, "pdscope_due_ns": 5},
+     {"choices": [_choice(" b")], "pdscope_sent_ns": -1, "pdscope_due_ns": 2.0}),
+    ({"choices": [_choice(" a")], "usage": {"prompt_tokens": 5.0, "completion_tokens": True}},
+     {"choices": [_choice(7)], "usage": {"prompt_tokens": 2**70, "completion_tokens": -3}}),
+    ({"choices": [_choice(" a")], "usage": {"prompt_tokens": 9, "completion_tokens": 1,
+                                            "prompt_tokens_details": {"cached_tokens": 4},
+                                            "completion_tokens_details": {
+                                                "reasoning_tokens": 1}}},),
+    ({"choices": [_choice("<think> a")]}, {"choices": [_choice("b</think> c", 3)]}),
+    ({"choices": [_choice(" a")], "timings": {"prompt_n": 9, "prompt_ms": 3.0}},
+     {"choices": [_choice(None)]}, {"choices": [1]}, {"choices": "x"}),
+    ({"choices": [_choice(" a")]}, {"error": {"message": "boom"}}),
+    ({"choices": [_choice(" a")]}, [1, 2]),
+]
+
+
+@pytest.mark.parametrize("chunks", ODD_CHUNKS)
+def test_the_typed_path_reads_a_chunk_as_the_general_one(
+    chunks: tuple[object, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pdscope.client import openai
+
+    data = completions_stream(*chunks)
+    typed = parse(data, [])
+    monkeypatch.setattr(openai, "_completion_fields", lambda _data: None)
+    general = parse(data, [])
+    assert typed == general
+
+
+def test_the_typed_path_takes_a_vllm_chunk_and_hands_back_the_rest() -> None:
+    from pdscope.client.openai import _completion_fields
+
+    plain = {"id": "c", "object": "text_completion", "choices": [_choice(" a", "length")],
+             "usage": {"prompt_tokens": 5, "total_tokens": 6, "completion_tokens": 1},
+             "pdscope_sent_ns": 7, "pdscope_due_ns": 5}
+    assert _completion_fields(json.dumps(plain)) == (5, 1, " a", "length", 7, 5)
+    for odd in ({**plain, "timings": {}}, {**plain, "error": "x"}, {**plain, "choices": [1]},
+                {**plain, "pdscope_sent_ns": -1}, [plain], "not json"):
+        assert _completion_fields(json.dumps(odd) if odd != "not json" else "{") is None

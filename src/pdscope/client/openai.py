@@ -34,6 +34,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from pdscope.client.chunkjson import loads
 from pdscope.client.faults import server_message
 from pdscope.client.reasoning import Parts, ThinkTags, chat_delta_parts, usage_reasoning_tokens
@@ -95,6 +97,67 @@ def _int(value: Any) -> int | None:
     return int(value)
 
 
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prompt_tokens_details: Any = None
+    completion_tokens_details: Any = None
+
+
+class _Choice(msgspec.Struct):
+    text: str | None = None
+    finish_reason: str | None = None
+
+
+class _Completion(msgspec.Struct):
+    """A completions chunk as vLLM and the reference server send one a token: what
+    :meth:`OpenAIStreamParser.event` reads of it, typed (other fields are skipped unread)."""
+
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+    pdscope_sent_ns: int | None = None
+    pdscope_due_ns: int | None = None
+    error: Any = None
+    timings: Any = None
+
+
+_decode_completion = msgspec.json.Decoder(_Completion).decode
+
+# What a chunk told: (prompt tokens, completion tokens, answer text, finish reason, the
+# reference server's send and due times).
+_Fields = tuple[int | None, int | None, str, str | None, int | None, int | None]
+
+
+def _completion_fields(data: str) -> _Fields | None:
+    """A completions chunk's fields, decoded straight into :class:`_Completion` (a chunk is
+    ~0.4 µs cheaper so than as dicts: no dict a level, no lookups); ``None`` for anything
+    else (not that shape, an error, llama.cpp's timings, usage details, a number out of
+    range), which the general path reads as before."""
+    try:
+        c = _decode_completion(data)
+    except msgspec.DecodeError:
+        return None
+    if c.error is not None or c.timings is not None:
+        return None
+    prompt_tokens = completion_tokens = None
+    usage = c.usage
+    if usage is not None:
+        if usage.prompt_tokens_details is not None or usage.completion_tokens_details is not None:
+            return None
+        prompt_tokens, completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        if (prompt_tokens is not None and _int(prompt_tokens) is None) or (
+                completion_tokens is not None and _int(completion_tokens) is None):
+            return None
+    answer, finish = "", None
+    if c.choices:
+        choice = c.choices[0]
+        answer, finish = choice.text or "", choice.finish_reason
+    sent, due = c.pdscope_sent_ns, c.pdscope_due_ns
+    if (sent is not None and _int(sent) is None) or (due is not None and _int(due) is None):
+        return None
+    return prompt_tokens, completion_tokens, answer, finish, sent, due
+
+
 class OpenAIStreamParser:
     """Reads an OpenAI-style SSE stream into a :class:`RecordBuilder`."""
 
@@ -142,6 +205,10 @@ class OpenAIStreamParser:
         if data == DONE:
             b.done = True
             b.t_end_ns = t_ns
+            return
+        fields = None if self.chat else _completion_fields(data)
+        if fields is not None:
+            self._completion(t_ns, *fields)
             return
         try:
             obj = loads(data)
@@ -198,6 +265,27 @@ class OpenAIStreamParser:
                 if finish is not None:
                     b.finish_reason = str(finish)
 
+        sent, due = get("pdscope_sent_ns"), get("pdscope_due_ns")
+        self._tokens(t_ns, thought, answer, completion_tokens,
+                     None if sent is None else _int(sent), None if due is None else _int(due))
+
+    def _completion(self, t_ns: int, prompt_tokens: int | None, completion_tokens: int | None,
+                    answer: str, finish: str | None, sent: int | None, due: int | None) -> None:
+        """A completions chunk read by :func:`_completion_fields`."""
+        b = self.builder
+        if prompt_tokens is not None:
+            b.usage_prompt_tokens = prompt_tokens
+        if completion_tokens is not None:
+            b.usage_completion_tokens = completion_tokens
+        if finish is not None:
+            b.finish_reason = finish
+        self._tokens(t_ns, "", answer, completion_tokens, sent, due)
+
+    def _tokens(self, t_ns: int, thought: str, answer: str, completion_tokens: int | None,
+                sent: int | None, due: int | None) -> None:
+        """A chunk's text (thought and answer) into the record, as many tokens as its running
+        usage count says (else one)."""
+        b = self.builder
         if answer and not self._tags.answer_only(answer):
             tagged, retro = self._tags.split(answer)
             thought, answer = thought + tagged.reasoning, tagged.answer
@@ -208,9 +296,6 @@ class OpenAIStreamParser:
             if completion_tokens is not None and (self._usage_seen_before or b.n_chunks == 0):
                 k = max(1, completion_tokens - self._prev_completion_tokens)
                 k = k if k <= _MAX_TOKENS_A_CHUNK else 1
-            sent, due = get("pdscope_sent_ns"), get("pdscope_due_ns")
-            sent = None if sent is None else _int(sent)
-            due = None if due is None else _int(due)
             if thought:
                 b.add_parts(t_ns, Parts(thought, answer), k, sent, due)
             else:
