@@ -81,6 +81,31 @@ def test_a_server_that_never_stops_is_cut_at_the_total_timeout() -> None:
 
 
 @pytest.mark.timeout(20)
+def test_a_stream_read_whole_after_a_stall_of_the_client_still_times_out() -> None:
+    # A client held up (a busy machine: here its loop blocked for 0.8 s) reads a whole stream
+    # in one go, and its timer's turn may come only after the done marker: the stream came
+    # in 0.02 s but was read 0.8 s after it went, past the 0.5 s total, and is failed for it
+    # (CI read such streams as complete about once in twenty under load, before). Unstalled,
+    # the same request is in time.
+    cfg = ReferenceConfig(ttft_base_s=0.02, ttft_per_token_s=0.0, itl_s=0.0)
+
+    async def main(url: str, stall_s: float) -> RequestRecord:
+        async with new_session() as session:
+            if stall_s:
+                asyncio.get_running_loop().call_later(0.005, time.sleep, stall_s)
+            return await stream_request(
+                session, Target(url, "openai", MODEL), "hi", max_tokens=8,
+                timeouts=Timeouts(connect=5, first_token=5, between_tokens=5, total=0.5))
+
+    with run_in_subprocess(cfg) as url:
+        assert run(main(url, 0.0)).ok
+        for _ in range(2):
+            r = run(main(url, 0.8))
+            assert r.error_kind == "timeout_total", (r.error, r.n_out)
+            assert "total timeout of 0.5 s" in (r.error or "")
+
+
+@pytest.mark.timeout(20)
 def test_a_slow_first_token_times_out() -> None:
     slow = ReferenceConfig(ttft_base_s=5.0)
     r, elapsed = request(slow, timeouts=Timeouts(first_token=0.3, total=5))

@@ -179,6 +179,7 @@ class _Watchdog:
         self.timeouts = timeouts
         self.total_deadline = t0_ns + int(timeouts.total * NS)
         self.fired: ErrorKind | None = None
+        self.caught = False  # the request's task caught the cancel the timer sent
         self.message = ""
         self.active = True
         self._handle: asyncio.TimerHandle | None = None
@@ -233,6 +234,13 @@ class _Watchdog:
         self.active = False
         if self._handle is not None:
             self._handle.cancel()
+
+    def ended_late(self) -> bool:
+        """The stream's end (its done marker's read) came past the total deadline. A loop
+        that was held up (a busy machine) reads a whole stream in one go and may run the timer
+        only after it: the measured end, not the timer's turn, says whether it was in time."""
+        end = self.builder.t_end_ns
+        return end is not None and end > self.total_deadline
 
 
 def connect_reason(exc: aiohttp.ClientConnectorError) -> str:
@@ -374,6 +382,7 @@ async def stream_post(
         if watchdog.fired is None:
             builder.fail("cancelled", f"{url}: request cancelled after {builder.n_chunks} chunks")
         else:
+            watchdog.caught = True
             if not builder.done:  # a complete stream timed out only while its tail was read
                 builder.fail(watchdog.fired, f"{url}: {watchdog.message}")
             uncancel = getattr(watchdog.task, "uncancel", None)  # Python >= 3.11
@@ -398,6 +407,15 @@ async def stream_post(
                          f" {builder.n_chunks} token chunks ({what})")
     finally:
         watchdog.disarm()
+        if watchdog.fired is not None and not watchdog.caught:
+            # The timer's cancel was swallowed (asyncio.wait_for before Python 3.12 drops one
+            # that comes as its inner future completes): take it back, as above.
+            uncancel = getattr(watchdog.task, "uncancel", None)
+            if uncancel is not None:
+                uncancel()
+        if builder.error is None and watchdog.ended_late():
+            builder.fail("timeout_total", f"{url}: the stream did not end within the total"
+                         f" timeout of {timeouts.total:g} s")
         if builder.t_end_ns is None:
             builder.t_end_ns = now_ns()
         if builder.error is not None:
