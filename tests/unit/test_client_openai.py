@@ -221,10 +221,22 @@ def test_the_typed_path_reads_a_chunk_as_the_general_one(
     from pdscope.client import openai
 
     data = completions_stream(*chunks)
-    typed = parse(data, [])
-    monkeypatch.setattr(openai, "_completion_fields", lambda _data: None)
-    general = parse(data, [])
-    assert typed == general
+    # All in one read, and a read an event (the common read, decoded from its bytes).
+    each = [i + 2 for i in range(len(data)) if data.startswith(b"\n\n", i)][:-1]
+    for cuts in ([], each):
+        typed = parse(data, cuts)
+        with monkeypatch.context() as m:
+            m.setattr(openai, "_completion_fields", lambda _data: None)
+            general = parse(data, cuts)
+        assert typed == general
+
+
+def test_a_whole_event_that_is_not_utf8_is_a_bad_chunk_either_way() -> None:
+    good = completions_stream({"choices": [_choice(" a")]}).split(b"data: [DONE]")[0]
+    bad = b'data: {"choices": [{"index": 0, "text": " \xff"}]}\n\n'
+    r = parse(good + bad + b"data: [DONE]\n\n", [len(good), len(good) + len(bad)])
+    assert r.error_kind == "bad_chunk" and "UTF-8" in (r.error or "")
+    assert len(r.token_times_ns) == 1
 
 
 def test_the_typed_path_takes_a_vllm_chunk_and_hands_back_the_rest() -> None:

@@ -41,11 +41,19 @@ class SSEDecoder:
         self._tail = b""
         self._data: list[str] = []
 
-    def feed(self, chunk: bytes) -> list[str]:
+    def whole_event(self, chunk: bytes) -> bytes | None:
+        """The data of ``chunk`` as bytes when it is one whole event and nothing else
+        (``data: X`` and a blank line) and nothing is pending: the common read, which a caller
+        may decode itself (then this decoder's state is as if :meth:`feed` had taken it).
+        ``None`` for any other read."""
         if (not self._tail and not self._data and chunk.startswith(b"data: ")
                 and chunk.find(b"\n") == len(chunk) - 2 and chunk.endswith(b"\n\n")):
-            # The common read, one whole event and nothing else: ``data: X`` and a blank line.
-            payload = chunk[6:-3] if chunk.endswith(b"\r\n\n") else chunk[6:-2]
+            return chunk[6:-3] if chunk.endswith(b"\r\n\n") else chunk[6:-2]
+        return None
+
+    def feed(self, chunk: bytes) -> list[str]:
+        payload = self.whole_event(chunk)
+        if payload is not None:
             try:
                 return [payload.decode("utf-8")]
             except UnicodeDecodeError as exc:
