@@ -28,8 +28,9 @@ def test_decode_slows_as_the_context_fills(vllm_server: lab.LabServer) -> None:
     # are one write). A block keeps its bin when a quarter of it (8 gaps) was measured, and the
     # bin starts at its first gap and ends at its last. The stream's tokens are the chunks'
     # count: a token whose text is not whole yet (part of a UTF-8 character) comes in a chunk
-    # with empty text (vLLM's completion/serving.py sends one while it has token ids), which
-    # carries no token to the client, so an answer can read 127 (CI, 2026-12-06: 123 gaps).
+    # with empty text (vLLM's completion/serving.py sends one while it has token ids). The
+    # client counts it with the next chunk (by the running usage); before it did, an answer
+    # read 127 chunk tokens (CI, 2026-12-06: 123 gaps where 124 were expected).
     gaps: dict[int, list[int]] = defaultdict(list)
     for q in out["requests"][1:]:  # the first request is the cold one
         times, ks = q["token_times_ns"], q["chunk_tokens"]

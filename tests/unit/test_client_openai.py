@@ -249,3 +249,20 @@ def test_the_typed_path_takes_a_vllm_chunk_and_hands_back_the_rest() -> None:
     for odd in ({**plain, "timings": {}}, {**plain, "error": "x"}, {**plain, "choices": [1]},
                 {**plain, "pdscope_sent_ns": -1}, [plain], "not json"):
         assert _completion_fields(json.dumps(odd) if odd != "not json" else "{") is None
+
+
+def test_a_token_sent_with_no_text_counts_with_the_next_chunk() -> None:
+    # vLLM holds back the text of a token that ends inside a UTF-8 character and sends the
+    # chunk anyway, with an empty text and the running count (continuous usage stats).
+    data = completions_stream(
+        {"choices": [_choice(" a")], "usage": {"prompt_tokens": 5, "completion_tokens": 1}},
+        {"choices": [_choice("")], "usage": {"prompt_tokens": 5, "completion_tokens": 2}},
+        {"choices": [_choice(" \u00e9")], "usage": {"prompt_tokens": 5, "completion_tokens": 3}},
+        {"choices": [_choice(" b", "length")],
+         "usage": {"prompt_tokens": 5, "completion_tokens": 4}},
+        {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4}})
+    each = [i + 2 for i in range(len(data)) if data.startswith(b"\n\n", i)][:-1]
+    for cuts in ([], each):
+        r = parse(data, cuts)
+        assert r.chunk_tokens == (1, 2, 1) and r.output_tokens == 4
+        assert r.output_text == " a \u00e9 b"

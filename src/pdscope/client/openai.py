@@ -13,7 +13,8 @@ What a chunk carries:
   tokens are generated tokens, so they count, and are kept apart from the answer's
   (:mod:`pdscope.client.reasoning`, with ``<think>`` tags left in the text). A chat chunk with
   only ``role``, or an empty text, is not a token (vLLM's own benchmark counts the role chunk as
-  the first token; pdscope does not).
+  the first token; pdscope does not); where the running usage count rose on it, those tokens
+  count with the next chunk that has text.
 * ``usage``: ``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``,
   ``completion_tokens_details.reasoning_tokens`` (OpenAI's and DeepSeek's APIs).
 * llama.cpp's ``timings`` (ggml-org/llama.cpp ``tools/server/README.md``, "Timings and context
@@ -310,5 +311,10 @@ class OpenAIStreamParser:
             else:
                 b.add_tokens(t_ns, answer, k, sent, due)
         if completion_tokens is not None:
-            self._prev_completion_tokens = completion_tokens
+            if thought or answer or completion_tokens <= self._prev_completion_tokens:
+                self._prev_completion_tokens = completion_tokens
+            # else a chunk with no text whose running count rose: vLLM sends a token whose text
+            # is not whole yet (part of a UTF-8 character) so, with its token ids and an empty
+            # text (vllm/entrypoints/openai/completion/serving.py). Its tokens go with the next
+            # chunk that has text, so the chunks count what the server counted.
             self._usage_seen_before = True
