@@ -82,3 +82,18 @@ def test_the_interference_leaves_a_slot_free_for_the_long_prompt() -> None:
     assert interference_streams("slots", ServerSettings()) == INTERFERENCE_STREAMS
     # A budget scheduler admits the prompt beside its running sequences.
     assert interference_streams("budget", ServerSettings(max_sequences=4)) == INTERFERENCE_STREAMS
+
+
+def test_quick_sizes_the_load_s_prompts_to_a_slow_prefill() -> None:
+    from pdscope.doctor.run import LOAD_INPUT_TOKENS, QUICK_LOAD_PREFILL_S, load_input_tokens
+
+    # llama-server on two CPU cores prefills ~207 tokens a second: 12 prompts of 1,000 would
+    # take 58 s; 500 fit the 30 s.
+    assert load_input_tokens(True, 207.0, 12) == 500
+    assert QUICK_LOAD_PREFILL_S >= 12 * 500 / 207.0
+    # A server fast enough keeps the full length; so does a full run, or an unknown rate.
+    assert load_input_tokens(True, 3000.0, 12) == LOAD_INPUT_TOKENS
+    assert load_input_tokens(False, 207.0, 12) == LOAD_INPUT_TOKENS
+    assert load_input_tokens(True, None, 12) == LOAD_INPUT_TOKENS
+    # Never below the floor, however slow.
+    assert load_input_tokens(True, 5.0, 12) == 250

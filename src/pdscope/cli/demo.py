@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         EXAMPLES,
     )
     p.add_argument("--engine", default="vllm", choices=sorted(lab.ENGINES), help="default vllm")
-    p.add_argument("--quick", action="store_true", help="the doctor's quick mode (under a minute)")
+    p.add_argument("--quick", action="store_true",
+                   help="the doctor's quick mode (about two minutes)")
     p.add_argument("--out", metavar="DIR", help="report folder (default runs/doctor-DATE-TIME)")
     p.set_defaults(handler=run)
 

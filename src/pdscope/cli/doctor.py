@@ -37,7 +37,7 @@ from pdscope.load.results import default_run_dir, rescue_dir
 from pdscope.slo import SLO
 
 EXAMPLES = """
-  pdscope doctor http://127.0.0.1:28100 --quick      the lab's vLLM, in under a minute
+  pdscope doctor http://127.0.0.1:28100 --quick      the lab's vLLM, in about two minutes
   pdscope doctor http://127.0.0.1:28100 --out runs/a  everything, report in runs/a/report.html
   pdscope doctor http://gpu-box:8000 --device h100-sxm --model-config Llama-3.1-8B/config.json
   pdscope doctor URL --slo ttft:500,itl:50            how many users within these objectives
@@ -64,7 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_server_args(p)
     p.add_argument("--quick", action="store_true",
-                   help="fewer runs, no context sweep: under a minute on the lab")
+                   help="fewer runs, no context sweep, the load's prompts sized to the"
+                   " server's prefill rate: about two minutes on the lab's vLLM")
     p.add_argument("--thorough", action="store_true",
                    help="also measure the capacity: a search for the most users meeting --slo"
                    " from the planner's prediction (several minutes more)")

@@ -88,7 +88,8 @@ DEFAULT_SLO = SLO(ttft_s=2.0, itl_s=0.2)
 
 @dataclass(frozen=True, kw_only=True)
 class DoctorConfig(ClientOptions):
-    """A doctor run: ``quick`` leaves out the context sweep and shortens the rest; the SLO the
+    """A doctor run: ``quick`` leaves out the context sweep, shortens the rest and sizes the
+    load levels' prompts to the server's prefill rate (:func:`load_input_tokens`); the SLO the
     load levels are judged by; where the run folder goes; earlier runs to set beside this one."""
 
     quick: bool = False
@@ -525,6 +526,26 @@ def interference_streams(scheduling: str, settings: ServerSettings) -> int:
 LOAD_INPUT_TOKENS = 1000
 LOAD_OUTPUT_TOKENS = 32
 SEARCH_LEVEL_S = 15.0  # seconds of load a level of the --thorough search
+# Quick: the load levels' prompts sized to the server, so that their prefill takes at most
+# QUICK_LOAD_PREFILL_S at the probe's measured rate (the 4 + 8 prompts of the two levels): a
+# server that prefills ~200 tokens a second (llama-server on two CPU cores) gets 500-token
+# prompts, where 1,000 took a minute of the doctor's four; a faster one keeps 1,000.
+QUICK_LOAD_PREFILL_S = 30.0
+QUICK_LOAD_MIN_TOKENS = 250
+
+
+def load_input_tokens(quick: bool, prefill_tok_s: float | None, prompts: int) -> int:
+    """The load levels' prompt length: :data:`LOAD_INPUT_TOKENS`, or in ``quick`` what
+    ``prompts`` prompts prefill in :data:`QUICK_LOAD_PREFILL_S` at ``prefill_tok_s`` (in steps
+    of 50, at least :data:`QUICK_LOAD_MIN_TOKENS`) when that is less."""
+    if not quick or not prefill_tok_s or prefill_tok_s <= 0 or prompts < 1:
+        return LOAD_INPUT_TOKENS
+    fit = prefill_tok_s * QUICK_LOAD_PREFILL_S / prompts
+    if fit >= LOAD_INPUT_TOKENS:
+        return LOAD_INPUT_TOKENS
+    return max(QUICK_LOAD_MIN_TOKENS, int(fit // 50) * 50)
+
+
 # Quick: the planner calibrated to the load's prompt length, not past it (the 2,048-token prompt
 # and the 1,536-token context are a third of the calibration's time; on the lab's llama-server,
 # which prefills ~200 tokens a second on two cores, 40 s of the doctor's 245).
@@ -669,19 +690,22 @@ async def run_doctor(url: str, config: DoctorConfig,
         sent: list[RequestRecord] = [probe.cold, *probe.runs, *refused,
                                      *(r for p in (sweep.points if sweep else ())
                                        for r in p.records)]
+        # Quick: one request a user at the top level (all sent together, the queue at its
+        # longest); else two, so the level also runs past its start.
+        levels = (1, 8) if quick else (1, 4, 16)
+        stages = [Stage(concurrency=c, num_prompts=max(4, c if quick else 2 * c))
+                  for c in levels]
+        prefill = probe.prefill
+        load_tokens = load_input_tokens(quick, prefill.median if prefill else None,
+                                        sum(stage.num_prompts or 0 for stage in stages))
         if server.family.serial:
             skipped["capacity"] = f"{server.kind} serves one request at a time"
         else:
             say("capacity: a short concurrency sweep with /metrics recorded")
-            # Quick: one request a user at the top level (all sent together, the queue at its
-            # longest); else two, so the level also runs past its start.
-            levels = (1, 8) if quick else (1, 4, 16)
-            stages = [Stage(concurrency=c, num_prompts=max(4, c if quick else 2 * c))
-                      for c in levels]
             folder = config.out / "capacity"
             bench = await run_bench(
                 conn, BenchConfig(**common), stages,
-                Workload(input_len=Lengths("fixed", LOAD_INPUT_TOKENS),
+                Workload(input_len=Lengths("fixed", load_tokens),
                          output_len=Lengths("fixed", LOAD_OUTPUT_TOKENS)), folder)
             results["capacity"] = [s.to_json() for s in bench.summaries]
             sent += [f.record for run in bench.runs for f in run.finished]
@@ -703,7 +727,7 @@ async def run_doctor(url: str, config: DoctorConfig,
                 sent.append(exc.record)
         else:
             results["plan"] = calibration.to_json()
-            plan = forecast(calibration, config.slo, LOAD_INPUT_TOKENS, LOAD_OUTPUT_TOKENS,
+            plan = forecast(calibration, config.slo, load_tokens, LOAD_OUTPUT_TOKENS,
                             [lv.concurrency for lv in load.levels] if load else ())
             charts.append(forecast_chart(plan, load))
 
