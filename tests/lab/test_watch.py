@@ -41,6 +41,11 @@ REQUESTS = 10
 WORDS = 1400
 MAX_TOKENS = 16
 WINDOWS = 8
+# Seconds a window. vLLM publishes its gauges (requests waiting among them) when a step ends, so
+# no window sees the queue before the first step of 2,048 prompt tokens is done: about 1.3 s on
+# a CPU with a bfloat16 dot product, 12 s on an AMD EPYC with AVX2 only (float32), where eight
+# windows of a second all read 0 waiting in CI (2026-12-06). Eight of 4 s reach past 30.
+WINDOW_S = 4
 WORDS_POOL = (
     "prefill decode cache token prompt batch queue memory bandwidth compute server request "
     "stream latency scheduler block pool engine step model layer head attention"
@@ -98,7 +103,7 @@ def watched_load(
     with ThreadedMetricsRecorder(vllm_server.url, recording, interval=0.5):
         watch = subprocess.Popen(
             [sys.executable, "-m", "pdscope", "watch", vllm_server.url, "--json",
-             "--count", str(WINDOWS), "--interval", "1"],
+             "--count", str(WINDOWS), "--interval", str(WINDOW_S)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
         )
         try:
@@ -234,12 +239,13 @@ def test_watch_beside_bench_queues_and_agrees_with_the_clients_ttft(
     # One window long enough for the whole run on a machine a few times slower than this one.
     whole = watch("--count", "1", "--interval", "60")
     # Windows a second from before the bench starts until after its load: a machine without
-    # a native bfloat16 dot product takes several seconds to build the prompts.
-    live = watch("--count", "20", "--interval", "1")
+    # a native bfloat16 dot product takes several seconds to build the prompts, and vLLM says
+    # who waits only when its first step (12 s there) is done.
+    live = watch("--count", "30", "--interval", "1")
     time.sleep(0.5)  # both have taken their first scrape
     r = subprocess.run(
         [sys.executable, "-m", "pdscope", "bench", vllm_server.url, "--concurrency", "8",
-         "--num-prompts", "8", "--input-len", "1000", "--output-len", "16", "--no-metrics",
+         "--num-prompts", "8", "--input-len", "600", "--output-len", "16", "--no-metrics",
          "--out", str(tmp_path), "--json"],
         capture_output=True, text=True, timeout=300,
     )

@@ -19,6 +19,7 @@ from pdscope.hardware import (
     cpu_model_name,
     detect_local_device,
     local_cpu_spec,
+    measure,
     nvidia_smi_gpus,
     probe_cpu_bandwidth,
     probe_cpu_matmul_tflops,
@@ -123,6 +124,40 @@ def test_bad_probe_arguments_are_input_errors() -> None:
 def test_matmul_probe_gives_a_plausible_cpu_rate() -> None:
     tflops = probe_cpu_matmul_tflops(n=256, runs=3)
     assert 0.0001 < tflops < 100
+
+
+ZEN3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n"
+ZEN4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+NEOVERSE_V1 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+
+
+def test_a_native_bfloat16_dot_product_is_read_from_the_cpu_flags() -> None:
+    assert measure.native_bf16(ZEN4) is True
+    assert measure.native_bf16(NEOVERSE_V1) is True
+    assert measure.native_bf16(ZEN3) is False
+    assert measure.native_bf16("") is False
+
+
+@pytest.mark.parametrize(("native", "dtypes"), [
+    (False, {"fp32"}), (True, {"fp32", "bf16"}), (None, {"fp32", "bf16"}),
+])
+def test_bf16_products_are_measured_only_where_the_cpu_may_do_them_fast(
+    monkeypatch: pytest.MonkeyPatch, native: bool | None, dtypes: set[str]
+) -> None:
+    # Without the dot product, bf16 falls back to a scalar path that is never the fastest and
+    # took minutes a measurement (an AMD EPYC with AVX2 only): it is left out. Unknown (not
+    # Linux): measured, as before. The torch probe is stood in for by its dtype.
+    monkeypatch.setattr(measure, "native_bf16", lambda cpuinfo=None: native)
+    asked: list[str] = []
+
+    def torch_probe(shape: tuple[int, int, int], dtype: str = "bf16") -> measure.MatmulProbe:
+        asked.append(dtype)
+        return measure.MatmulProbe("torch", dtype, shape, 1, 1, 0.001)
+
+    monkeypatch.setattr(measure, "probe_torch_matmul", torch_probe)
+    probes = measure.probe_cpu_matmuls(((64, 64, 64),))
+    assert set(asked) == dtypes
+    assert {p.dtype for p in probes} == dtypes  # numpy's is fp32
 
 
 MEASURED = BandwidthProbe(copy_gb_s=8.0, triad_gb_s=10.0, best_gb_s=10.0, runs=3, array_mb=8.0,

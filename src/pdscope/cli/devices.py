@@ -48,6 +48,13 @@ def _row(d: DeviceSpec) -> dict[str, Any]:
     }
 
 
+def _no_bf16() -> str:
+    """Why the bf16 matmul was not measured."""
+    if not measure.torch_available():
+        return "torch is not installed"
+    return "this CPU has no native bfloat16 dot product"
+
+
 def run(args: argparse.Namespace) -> int:
     local: dict[str, Any] | None = None
     if args.probe:
@@ -108,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             f"  matmul {local['matmul_tflops_fp32'] * 1e3:.0f} GFLOP/s (fp32, best of numpy"
             " and torch)"
             + (f", {local['matmul_tflops_bf16'] * 1e3:.0f} GFLOP/s (bf16, torch)"
-               if local["matmul_tflops_bf16"] else " (bf16 not measured: torch is not installed)")
+               if local["matmul_tflops_bf16"] else f" (bf16 not measured: {_no_bf16()})")
             + f"\n  prefill ceilings use the fastest: {local['matmul_best']}"
         )
         if local["spread"] > 0.2:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from pdscope.errors import InputError, RunError
+from pdscope.hardware.measure import native_bf16
 from pdscope.paths import cache_root
 
 SERVED_NAME = "smollm2"
@@ -35,8 +36,6 @@ def bundled_gguf() -> Path:
     )
 
 
-# CPU flags (x86 /proc/cpuinfo "flags", Arm "Features") of a native bfloat16 dot product.
-_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 DTYPES = ("bfloat16", "float32")
 
 
@@ -54,17 +53,8 @@ def lab_dtype(cpuinfo: str | None = None) -> str:
         if forced not in DTYPES:
             raise InputError(f"PDSCOPE_LAB_DTYPE={forced}: use {' or '.join(DTYPES)}")
         return forced
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return "bfloat16"  # not Linux: the lab's default, as before
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    return "bfloat16" if flags & set(_BF16_FLAGS) else "float32"
+    # Not Linux (None): the lab's default, as before.
+    return "float32" if native_bf16(cpuinfo) is False else "bfloat16"
 
 
 def hf_model_dir(gguf: Path | None = None, *, dtype: str | None = None,
