@@ -107,10 +107,13 @@ def test_a_small_budget_shortens_the_stall_of_the_doctor_s_experiment(
     # side, one round of A on a machine at half speed (stalls 1.92, 1.04, 1.07 s against B's
     # 0.14, 0.15, 0.11) left two degrees of freedom and p 0.052, `~`, for a -90 % change.
     # 900 tokens, not 1,800: on an AMD EPYC with AVX2 only (float32) the stall read 10.7 s
-    # against 0.73 (-93.2 %) and the test took 6 minutes (2026-12-06).
+    # against 0.73 (-93.2 %) and the test took 6 minutes (2026-12-06). The streams decode 96
+    # tokens, not the experiment's 256: a round lasts its streams' answers (a 4-stream step
+    # is 60-80 ms on two cores), and after the 16 before the injection, 80 are left to outlast
+    # a prefill of 900 tokens (2 s at vLLM's 480 tokens a second on a float32 CPU).
     rows = ab(vllm_server.url, small_budget.url, tmp_path / "interference", "--workload",
-              "interference", "--concurrency", "4", "--seed", "9", input_len=900,
-              rounds=5)
+              "interference", "--concurrency", "4", "--output-len", "96", "--seed", "9",
+              input_len=900, rounds=5)
     stall = rows["prefill_stall_s"]
     assert stall["verdict"] == "better" and stall["significant"], _said(stall)
     assert stall["delta_pct"] < -40, _said(stall)

@@ -17,6 +17,7 @@ from pdscope.compare import compare, read_one, read_side
 from pdscope.compare.ab import AbConfig
 from pdscope.compare.render import html, markdown
 from pdscope.errors import InputError
+from pdscope.experiments.interference import InterferenceConfig
 from pdscope.selftest import ReferenceConfig, run_in_subprocess
 
 PER_TOKEN = ("itl_p50_s", "tpot_p50_s", "decode_tok_s")
@@ -189,14 +190,21 @@ def test_ab_runs_the_doctor_s_interference_experiment(servers: dict[str, str], t
     out = tmp_path / "ab"
     code = cli.main(["ab", servers["fast"], servers["slow"], "--workload", "interference",
                      "--rounds", "2", "--input-len", "200", "--concurrency", "2",
-                     "--out", str(out), "--json"])
+                     "--output-len", "48", "--out", str(out), "--json"])
     assert code == 0
     rows = {r["metric"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     stall = rows["prefill_stall_s"]
     assert 0.010 <= stall["a"] < 0.040 and 0.012 <= stall["b"] < 0.040, stall
     assert stall["p_value"] is not None and stall["n_a"] == stall["n_b"] == 2, stall
     assert sorted(p.name for p in (out / "b").iterdir()) == ["round-01.json", "round-02.json"]
-    assert json.loads((out / "a" / "round-01.json").read_text())["experiment"] == "interference"
+    round_one = json.loads((out / "a" / "round-01.json").read_text())
+    assert round_one["experiment"] == "interference"
+    # --output-len is each decoding stream's length; left out, the experiment's own (256).
+    assert round_one["config"]["stream_tokens"] == 48
+    assert AbConfig(workload="interference").answer_len == InterferenceConfig.stream_tokens
+    assert AbConfig(workload="probe").answer_len == AbConfig(output_len=64).answer_len == 64
+    with pytest.raises(InputError, match="output_len must be at least 32"):
+        AbConfig(workload="interference", output_len=20)
     with pytest.raises(InputError, match="interference workload takes concurrency"):
         AbConfig(workload="interference", request_rate=2.0, concurrency=None)
 

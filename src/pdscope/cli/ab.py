@@ -19,9 +19,10 @@ from pdscope.cli.compare import gate, show
 from pdscope.cli.experiment import progress_bar
 from pdscope.cli.server_args import add_server_args, client_kwargs, server_url
 from pdscope.compare import compare, parse_limits
-from pdscope.compare.ab import WORKLOADS, AbConfig, order, run_ab
+from pdscope.compare.ab import OUTPUT_LEN, WORKLOADS, AbConfig, order, run_ab
 from pdscope.compare.render import markdown
 from pdscope.compare.significance import ALPHA, DEFAULT_THRESHOLD
+from pdscope.experiments.interference import InterferenceConfig
 from pdscope.load.results import default_run_dir
 
 EXAMPLES = """
@@ -54,8 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--rounds", type=int_in(2, 1000), default=4, help="rounds (default 4)")
     w.add_argument("--input-len", type=int_in(1, 1_000_000), default=512, metavar="N",
                    help="prompt tokens (default 512)")
-    w.add_argument("--output-len", type=int_in(2, 1_000_000), default=64, metavar="N",
-                   help="output tokens (default 64)")
+    w.add_argument("--output-len", type=int_in(2, 1_000_000), metavar="N",
+                   help=f"output tokens (default {OUTPUT_LEN}); interference: each decoding"
+                   f" stream's (default {InterferenceConfig.stream_tokens}, at least"
+                   f" {2 * InterferenceConfig.settle_tokens})")
     rate = w.add_mutually_exclusive_group()
     rate.add_argument("--request-rate", type=float_in(0, 1e6, above=True), metavar="R",
                       help="load: open-loop requests a second")

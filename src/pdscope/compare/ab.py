@@ -33,6 +33,7 @@ from pdscope.load import BenchConfig, Stage, Workload, run_bench
 from pdscope.workload.datasets import Lengths
 
 WORKLOADS = ("load", "probe", "interference")
+OUTPUT_LEN = 64  # a load's or a probe's output tokens, when not given
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,13 +41,15 @@ class AbConfig(ClientOptions):
     """``rounds`` of the ``workload`` on each side. A load: ``num_prompts`` requests of
     ``input_len``/``output_len`` tokens at ``request_rate`` (open loop) or ``concurrency``
     (closed loop). A probe: ``runs`` requests one at a time. Interference: a prompt of
-    ``input_len`` tokens injected into ``concurrency`` decoding streams. ``seed``: the prompts
-    of round ``i`` come from ``seed * 100 + i`` (the same on both sides)."""
+    ``input_len`` tokens injected into ``concurrency`` decoding streams of ``output_len``
+    tokens each. ``output_len`` left out: :data:`OUTPUT_LEN`, or for interference the
+    experiment's own stream length. ``seed``: the prompts of round ``i`` come from
+    ``seed * 100 + i`` (the same on both sides)."""
 
     rounds: int = 4
     workload: str = "load"
     input_len: int = 512
-    output_len: int = 64
+    output_len: int | None = None
     request_rate: float | None = None
     concurrency: int | None = 4
     num_prompts: int = 32
@@ -58,7 +61,11 @@ class AbConfig(ClientOptions):
         if self.workload not in WORKLOADS:
             raise InputError(f"unknown workload {self.workload!r}: use {' or '.join(WORKLOADS)}")
         at_least(self.input_len, 1, "input_len")
-        at_least(self.output_len, 2, "output_len")
+        if self.workload == "interference":
+            # The streams must outlast the injection: the experiment's own minimum.
+            at_least(self.answer_len, 2 * InterferenceConfig.settle_tokens, "output_len")
+        else:
+            at_least(self.answer_len, 2, "output_len")
         at_least(self.num_prompts, 2, "num_prompts")
         at_least(self.runs, 2, "runs")
         if self.workload == "load" and (self.request_rate is None) == (self.concurrency is None):
@@ -72,6 +79,13 @@ class AbConfig(ClientOptions):
             raise InputError(Field("request_rate"), f" must be above 0, got {self.request_rate:g}")
         if self.concurrency is not None:
             at_least(self.concurrency, 1, "concurrency")
+
+    @property
+    def answer_len(self) -> int:
+        """The output tokens a request asks for (each decoding stream's, for interference)."""
+        if self.output_len is not None:
+            return self.output_len
+        return InterferenceConfig.stream_tokens if self.workload == "interference" else OUTPUT_LEN
 
     def round_seed(self, i: int) -> int:
         return (self.seed or 1) * 100 + i
@@ -91,18 +105,19 @@ async def _one(url: str, config: AbConfig, i: int, folder: Path, seed: int) -> N
         measured: ProbeResult | InterferenceResult
         if config.workload == "probe":
             measured = await run_probe(url, ProbeConfig(
-                **client, prompt_tokens=config.input_len, max_tokens=config.output_len,
+                **client, prompt_tokens=config.input_len, max_tokens=config.answer_len,
                 runs=config.runs))
         else:
             measured = await run_interference(url, InterferenceConfig(
-                **client, streams=config.concurrency or 4, inject_tokens=config.input_len))
+                **client, streams=config.concurrency or 4, inject_tokens=config.input_len,
+                stream_tokens=config.answer_len))
         folder.parent.mkdir(parents=True, exist_ok=True)
         folder.with_suffix(".json").write_text(json.dumps(measured.to_json(), indent=2))
         return
     stage = Stage(request_rate=config.request_rate, concurrency=config.concurrency,
                   num_prompts=config.num_prompts, seed=seed)
     workload = Workload(input_len=Lengths("fixed", config.input_len),
-                        output_len=Lengths("fixed", config.output_len))
+                        output_len=Lengths("fixed", config.answer_len))
     bench = BenchConfig(**client, record_metrics=False)
     result = await run_bench(url, bench, [stage], workload, folder)
     failure = result.failure()

@@ -551,6 +551,13 @@ def load_input_tokens(quick: bool, prefill_tok_s: float | None, prompts: int) ->
 # which prefills ~200 tokens a second on two cores, 40 s of the doctor's 245).
 QUICK_PREFILL_TOKENS = (128, 512, 1024)
 QUICK_DECODE_CONTEXTS = (64, 1024)
+# Quick: batches to the load's top level (8 users), not past it, and 48 tokens a stream rather
+# than 96. The 4- and 16-stream batches and the longer answers were two thirds of the
+# calibration's time: on the lab's vLLM (an AMD EPYC with AVX2 only, two cores) 58 s of a
+# 149 s doctor run.
+QUICK_LEVELS = (1, 8)  # the quick load's levels, in users
+QUICK_BATCH_STREAMS = (2, QUICK_LEVELS[-1])
+QUICK_DECODE_TOKENS = 48
 
 
 async def search_evidence(conn: Connection, bench: BenchConfig, config: DoctorConfig,
@@ -692,7 +699,7 @@ async def run_doctor(url: str, config: DoctorConfig,
                                        for r in p.records)]
         # Quick: one request a user at the top level (all sent together, the queue at its
         # longest); else two, so the level also runs past its start.
-        levels = (1, 8) if quick else (1, 4, 16)
+        levels = QUICK_LEVELS if quick else (1, 4, 16)
         stages = [Stage(concurrency=c, num_prompts=max(4, c if quick else 2 * c))
                   for c in levels]
         prefill = probe.prefill
@@ -719,7 +726,9 @@ async def run_doctor(url: str, config: DoctorConfig,
             calibrating = CalibrationConfig(runs=1, **common)
             if quick:
                 calibrating = replace(calibrating, prefill_tokens=QUICK_PREFILL_TOKENS,
-                                      decode_contexts=QUICK_DECODE_CONTEXTS)
+                                      decode_contexts=QUICK_DECODE_CONTEXTS,
+                                      batch_streams=QUICK_BATCH_STREAMS,
+                                      decode_tokens=QUICK_DECODE_TOKENS)
             calibration = await run_calibration(conn, calibrating)
         except (RunError, InputError) as exc:
             skipped["plan"] = Note("the planner's calibration failed: ", exc)
