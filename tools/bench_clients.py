@@ -66,7 +66,6 @@ import numpy as np
 from pdscope.lab.model import hf_model_dir
 from pdscope.load.results import read_requests
 from pdscope.load.summary import StageSummary, read_summaries
-from pdscope.paths import cache_root
 from pdscope.selftest.server import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,10 +75,16 @@ MARK_END = "<!-- bench_clients:end -->"
 COMPARE_VENV = ROOT / ".venv-compare"
 AIPERF_VENV = ROOT / ".venv-aiperf"
 INFPERF_VENV = ROOT / ".venv-infperf"
-# The lab's converted SmolLM2: a local tokenizer.json, so nothing is downloaded. vLLM's and
-# GuideLLM's synthetic prompts are sized in its tokens; the server counts words.
-# The lab's converted model folder holds the tokenizer vLLM's and GuideLLM's benchmarks need.
-TOKENIZER = cache_root() / "models" / "smollm2-135m-instruct-bf16"
+
+
+def tokenizer() -> Path:
+    """The lab's converted SmolLM2 folder: a local tokenizer.json, so nothing is downloaded.
+    vLLM's and GuideLLM's synthetic prompts are sized in its tokens; the server counts words.
+    The folder is the one this CPU's lab uses (fp32 where the CPU has no native bfloat16 dot
+    product: `lab_dtype`); ``main`` converts it first."""
+    return hf_model_dir(progress=False)
+
+
 MODEL = "pdscope-reference"
 HOST = "127.0.0.1"
 ERROR_BOUND_MS = 1.0  # the acceptance's "within 1 ms of the schedule"
@@ -287,7 +292,7 @@ class VllmBench(Tool):
         argv = [
             sys.executable, "-c", VLLM_BENCH_SERVE,
             "--base-url", url, "--endpoint", "/v1/completions", "--backend", "openai",
-            "--model", MODEL, "--tokenizer", str(TOKENIZER),
+            "--model", MODEL, "--tokenizer", str(tokenizer()),
             "--dataset-name", "random",
             "--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len),
             "--ignore-eos",
@@ -339,7 +344,7 @@ class GuideLLM(Tool):
             "--constraint", f"kind=max_duration,seconds={max(5, int(limit_s * 0.7))}",
             "--data", f"kind=synthetic_text,prompt_tokens={w.input_len},"
                       f"output_tokens={w.output_len}",
-            "--tokenizer", f"kind=hf_auto,model={TOKENIZER}",
+            "--tokenizer", f"kind=hf_auto,model={tokenizer()}",
             "--output", f"kind=json,path={out / 'benchmarks.json'}",
             "--disable-progress",
         ]
@@ -491,7 +496,7 @@ class AIPerf(Tool):
             "--isl", str(w.input_len), "--isl-stddev", "0",
             "--osl", str(w.output_len), "--osl-stddev", "0",
             "--extra-inputs", "ignore_eos:true", "--use-server-token-count",
-            "--tokenizer", str(TOKENIZER), "--random-seed", "0",
+            "--tokenizer", str(tokenizer()), "--random-seed", "0",
             "--output-artifact-dir", str(out / "artifacts"),
             # No TUI; nothing to scrape: the reference server has no /metrics and no GPU.
             "--ui", "none", "--no-server-metrics", "--no-gpu-telemetry",
@@ -563,7 +568,7 @@ class InferencePerf(Tool):
             "api": {"type": "completion", "streaming": True},
             "server": {"type": "vllm", "model_name": MODEL, "base_url": url,
                        "ignore_eos": True},
-            "tokenizer": {"pretrained_model_name_or_path": str(TOKENIZER)},
+            "tokenizer": {"pretrained_model_name_or_path": str(tokenizer())},
             "data": {"type": "random", "input_distribution": fixed(w.input_len),
                      "output_distribution": fixed(w.output_len)},
             "load": {"type": "concurrent",
@@ -1360,8 +1365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"bench_clients: unknown tools {unknown}: use {', '.join(TOOLS)}", file=sys.stderr)
         return 2
-    if not (TOKENIZER / "tokenizer.json").exists():
-        hf_model_dir()  # converts the lab's model once (about half a minute)
+    hf_model_dir()  # converts the lab's model once (about half a minute), reused after
     tools, skipped = [], {}
     for n in names:
         why = TOOLS[n].unavailable()
