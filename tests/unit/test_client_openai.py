@@ -191,7 +191,7 @@ def _choice(text: object, finish: object = None) -> dict[str, object]:
     return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
 
-# Completions chunks of every shape the typed path (``_completion_fields``) takes or hands back
+# Completions chunks of every shape the typed path (``_typed_chunk``) takes or hands back
 # to the general one: what each reads must not differ.
 ODD_CHUNKS: list[tuple[object, ...]] = [
     ({"choices": [_choice(" a")], "usage": {"prompt_tokens": 5, "completion_tokens": 1}},
@@ -226,7 +226,7 @@ def test_the_typed_path_reads_a_chunk_as_the_general_one(
     for cuts in ([], each):
         typed = parse(data, cuts)
         with monkeypatch.context() as m:
-            m.setattr(openai, "_completion_fields", lambda _data: None)
+            m.setattr(openai, "_typed_chunk", lambda _data: None)
             general = parse(data, cuts)
         assert typed == general
 
@@ -240,15 +240,21 @@ def test_a_whole_event_that_is_not_utf8_is_a_bad_chunk_either_way() -> None:
 
 
 def test_the_typed_path_takes_a_vllm_chunk_and_hands_back_the_rest() -> None:
-    from pdscope.client.openai import _completion_fields
+    from pdscope.client.openai import _typed_chunk
 
     plain = {"id": "c", "object": "text_completion", "choices": [_choice(" a", "length")],
              "usage": {"prompt_tokens": 5, "total_tokens": 6, "completion_tokens": 1},
              "pdscope_sent_ns": 7, "pdscope_due_ns": 5}
-    assert _completion_fields(json.dumps(plain)) == (5, 1, " a", "length", 7, 5)
+    c = _typed_chunk(json.dumps(plain))
+    assert c is not None and c.usage is not None
+    assert (c.usage.prompt_tokens, c.usage.completion_tokens, c.choices[0].text,
+            c.choices[0].finish_reason, c.pdscope_sent_ns, c.pdscope_due_ns) == (
+        5, 1, " a", "length", 7, 5)
     for odd in ({**plain, "timings": {}}, {**plain, "error": "x"}, {**plain, "choices": [1]},
-                {**plain, "pdscope_sent_ns": -1}, [plain], "not json"):
-        assert _completion_fields(json.dumps(odd) if odd != "not json" else "{") is None
+                {**plain, "pdscope_sent_ns": -1}, [plain], "not json",
+                {**plain, "usage": {"prompt_tokens": 5, "completion_tokens": 1,
+                                    "prompt_tokens_details": {"cached_tokens": 4}}}):
+        assert _typed_chunk(json.dumps(odd) if odd != "not json" else "{") is None
 
 
 def test_a_token_sent_with_no_text_counts_with_the_next_chunk() -> None:

@@ -124,6 +124,22 @@ def _schedule(run: StageRun) -> dict[int, int]:
 
 
 @pytest.mark.timeout(90)
+def test_a_stage_counts_its_failures_and_tokens_as_they_come() -> None:
+    # What a progress line reads while the stage runs: counted as each request finishes, in
+    # this process and across workers, equal to what the finished records say at the end.
+    config = ReferenceConfig(**FAST, faults=("http_500", "reset_mid_stream"),  # type: ignore[arg-type]
+                             fault_rate=0.4, seed=5, fault_after_tokens=3)
+    stage = Stage(concurrency=4, num_prompts=40)
+    with run_in_subprocess(config) as url:
+        runs = [asyncio.run(_one_process(url, stage)), asyncio.run(_workers(url, stage, 2))]
+    for run in runs:
+        failed = [f for f in run.finished if not f.record.ok]
+        assert len(run.finished) == 40 and 0 < len(failed) < 40
+        assert run.failed == len(failed)
+        assert run.output_tokens == sum(f.record.output_tokens or 0 for f in run.finished) > 0
+
+
+@pytest.mark.timeout(90)
 def test_two_workers_send_the_same_requests_at_the_same_times_as_one(reference: str) -> None:
     stage = Stage(request_rate=40, num_prompts=60, seed=11)
     one = asyncio.run(_one_process(reference, stage))

@@ -382,10 +382,8 @@ def _run_with_progress(url: str, config: BenchConfig, stages: list[Stage], workl
                 task = bar.add_task(stage.name, total=total, info="")
 
                 def progress(run: StageRun, in_flight: int) -> None:
-                    done = len(run.finished)
-                    failed = sum(1 for f in run.finished if not f.record.ok)
+                    done, failed, tokens = len(run.finished), run.failed, run.output_tokens
                     elapsed = max(1e-3, (time.perf_counter_ns() - run.t0_ns) / 1e9)
-                    tokens = sum(f.record.output_tokens or 0 for f in run.finished)
                     bar.update(task, completed=done, info=(
                         f"{done - failed} done, {failed} failed, {in_flight} in flight,"
                         f" {tokens / elapsed:,.0f} out tok/s"))

@@ -103,19 +103,21 @@ def _int(value: Any) -> int | None:
 _Count = Annotated[int, msgspec.Meta(ge=0, le=_INT_END - 1)]
 
 
-class _Usage(msgspec.Struct):
+# ``gc=False``: a chunk's structs are never in a reference cycle (what they hold came from JSON),
+# so the collector need not track the three or four of them every token makes.
+class _Usage(msgspec.Struct, gc=False):
     prompt_tokens: _Count | None = None
     completion_tokens: _Count | None = None
     prompt_tokens_details: Any = None
     completion_tokens_details: Any = None
 
 
-class _Choice(msgspec.Struct):
+class _Choice(msgspec.Struct, gc=False):
     text: str | None = None
     finish_reason: str | None = None
 
 
-class _Completion(msgspec.Struct):
+class _Completion(msgspec.Struct, gc=False):
     """A completions chunk as vLLM and the reference server send one a token: what
     :meth:`OpenAIStreamParser.event` reads of it, typed (other fields are skipped unread)."""
 
@@ -129,33 +131,23 @@ class _Completion(msgspec.Struct):
 
 _decode_completion = msgspec.json.Decoder(_Completion).decode
 
-# What a chunk told: (prompt tokens, completion tokens, answer text, finish reason, the
-# reference server's send and due times).
-_Fields = tuple[int | None, int | None, str, str | None, int | None, int | None]
 
-
-def _completion_fields(data: str | bytes) -> _Fields | None:
-    """A completions chunk's fields, decoded straight into :class:`_Completion` (a chunk is
-    ~0.4 µs cheaper so than as dicts: no dict a level, no lookups); ``None`` for anything
-    else (not that shape, an error, llama.cpp's timings, usage details, a number out of
-    range, bytes that are not UTF-8), which the general path reads as before."""
+def _typed_chunk(data: str | bytes) -> _Completion | None:
+    """A completions chunk decoded straight into :class:`_Completion` (a chunk is ~0.4 µs
+    cheaper so than as dicts: no dict a level, no lookups); ``None`` for anything else (not
+    that shape, an error, llama.cpp's timings, usage details, a number out of range, bytes that
+    are not UTF-8), which the general path reads as before."""
     try:
         c = _decode_completion(data)
     except msgspec.DecodeError:
         return None
     if c.error is not None or c.timings is not None:
         return None
-    prompt_tokens = completion_tokens = None
     usage = c.usage
-    if usage is not None:
-        if usage.prompt_tokens_details is not None or usage.completion_tokens_details is not None:
-            return None
-        prompt_tokens, completion_tokens = usage.prompt_tokens, usage.completion_tokens
-    answer, finish = "", None
-    if c.choices:
-        choice = c.choices[0]
-        answer, finish = choice.text or "", choice.finish_reason
-    return prompt_tokens, completion_tokens, answer, finish, c.pdscope_sent_ns, c.pdscope_due_ns
+    if usage is not None and (usage.prompt_tokens_details is not None
+                              or usage.completion_tokens_details is not None):
+        return None
+    return c
 
 
 class OpenAIStreamParser:
@@ -177,9 +169,9 @@ class OpenAIStreamParser:
             # read, or not that chunk: the general path below reads it then).
             payload = self.decoder.whole_event(data)
             if payload is not None:
-                fields = _completion_fields(payload)
-                if fields is not None:
-                    self._completion(t_ns, *fields)
+                typed = _typed_chunk(payload)
+                if typed is not None:
+                    self._completion(t_ns, typed)
                     return
         try:
             events = self.decoder.feed(data)
@@ -216,9 +208,9 @@ class OpenAIStreamParser:
             b.done = True
             b.t_end_ns = t_ns
             return
-        fields = None if self.chat else _completion_fields(data)
-        if fields is not None:
-            self._completion(t_ns, *fields)
+        typed = None if self.chat else _typed_chunk(data)
+        if typed is not None:
+            self._completion(t_ns, typed)
             return
         try:
             obj = loads(data)
@@ -279,17 +271,24 @@ class OpenAIStreamParser:
         self._tokens(t_ns, thought, answer, completion_tokens,
                      None if sent is None else _int(sent), None if due is None else _int(due))
 
-    def _completion(self, t_ns: int, prompt_tokens: int | None, completion_tokens: int | None,
-                    answer: str, finish: str | None, sent: int | None, due: int | None) -> None:
-        """A completions chunk read by :func:`_completion_fields`."""
+    def _completion(self, t_ns: int, c: _Completion) -> None:
+        """A completions chunk read by :func:`_typed_chunk`."""
         b = self.builder
-        if prompt_tokens is not None:
-            b.usage_prompt_tokens = prompt_tokens
-        if completion_tokens is not None:
-            b.usage_completion_tokens = completion_tokens
-        if finish is not None:
-            b.finish_reason = finish
-        self._tokens(t_ns, "", answer, completion_tokens, sent, due)
+        completion_tokens = None
+        usage = c.usage
+        if usage is not None:
+            if usage.prompt_tokens is not None:
+                b.usage_prompt_tokens = usage.prompt_tokens
+            completion_tokens = usage.completion_tokens
+            if completion_tokens is not None:
+                b.usage_completion_tokens = completion_tokens
+        answer = ""
+        if c.choices:
+            choice = c.choices[0]
+            answer = choice.text or ""
+            if choice.finish_reason is not None:
+                b.finish_reason = choice.finish_reason
+        self._tokens(t_ns, "", answer, completion_tokens, c.pdscope_sent_ns, c.pdscope_due_ns)
 
     def _tokens(self, t_ns: int, thought: str, answer: str, completion_tokens: int | None,
                 sent: int | None, due: int | None) -> None:
@@ -303,9 +302,10 @@ class OpenAIStreamParser:
                 b.earlier_was_reasoning()
         if thought or answer:
             k = 1
-            if completion_tokens is not None and (self._usage_seen_before or b.n_chunks == 0):
-                k = max(1, completion_tokens - self._prev_completion_tokens)
-                k = k if k <= _MAX_TOKENS_A_CHUNK else 1
+            if completion_tokens is not None and (self._usage_seen_before
+                                                  or not b.token_times_ns):
+                k = completion_tokens - self._prev_completion_tokens
+                k = k if 1 <= k <= _MAX_TOKENS_A_CHUNK else 1
             if thought:
                 b.add_parts(t_ns, Parts(thought, answer), k, sent, due)
             else:

@@ -442,12 +442,16 @@ class RecordBuilder:
     ) -> None:
         """One token-bearing chunk, received at ``t_ns``, carrying ``k`` tokens, of which
         ``reasoning_k`` were reasoning; ``answer``: it carried answer text too."""
-        k = max(1, k)
+        # Comparisons, not max() and min(): this runs for every chunk of every stream.
+        if k < 1:
+            k = 1
         self.token_times_ns.append(t_ns)
         self.chunk_tokens.append(k)
-        self.chunk_reasoning.append(max(0, min(k, reasoning_k)))
         if reasoning_k > 0 or not answer:
+            self.chunk_reasoning.append(max(0, min(k, reasoning_k)))
             self.saw_reasoning = True
+        else:
+            self.chunk_reasoning.append(0)
         if answer and self.t_first_answer_ns is None:
             self.t_first_answer_ns = t_ns
         self.text_parts.append(text)

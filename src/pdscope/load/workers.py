@@ -680,7 +680,7 @@ async def run_stage_workers(
             if part.in_flight.pop(f.index, None) is not None:
                 in_flight -= 1
             part.seen.add(f.index)
-            run.finished.append(f)
+            run.add(f)
             end = f.record.t_end_ns or f.record.t_last_token_ns or time.perf_counter_ns()
             run.t_end_ns = max(run.t_end_ns, end)
             sink(f)
@@ -702,7 +702,7 @@ async def run_stage_workers(
         if part.lost is not None:
             in_flight -= len(part.in_flight)
             for f in _lost(part, k, stage, target, start_ns, offsets, stop.is_set()):
-                run.finished.append(f)
+                run.add(f)
                 sink(f)
             run.t_end_ns = max(run.t_end_ns, time.perf_counter_ns())
             run.workers_lost.append(f"worker {k}: {part.lost}")
