@@ -528,9 +528,11 @@ LOAD_OUTPUT_TOKENS = 32
 SEARCH_LEVEL_S = 15.0  # seconds of load a level of the --thorough search
 # Quick: the load levels' prompts sized to the server, so that their prefill takes at most
 # QUICK_LOAD_PREFILL_S at the probe's measured rate (the 4 + 8 prompts of the two levels): a
-# server that prefills ~200 tokens a second (llama-server on two CPU cores) gets 500-token
-# prompts, where 1,000 took a minute of the doctor's four; a faster one keeps 1,000.
-QUICK_LOAD_PREFILL_S = 30.0
+# server that prefills ~200 tokens a second (llama-server on two CPU cores) gets 300-token
+# prompts, where 1,000 took a minute of the doctor's four; one that prefills 600 or more keeps
+# 1,000. 20 s: on the lab's llama-server here (~320 tokens a second) 500-token prompts, the load
+# 36 -> ~22 s of the doctor's two minutes; eight users still wait for its four slots.
+QUICK_LOAD_PREFILL_S = 20.0
 QUICK_LOAD_MIN_TOKENS = 250
 
 
