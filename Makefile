@@ -61,7 +61,7 @@ bench: $(LAB)
 # The same tables in about half the time, for CI (.ci/run): one self-test run a mode, the tools
 # at 1 and 200 streams (2.0 + 2.1 min for `bench`'s first two lines on two cores here).
 bench-quick: $(LAB)
-	$(BIN)/python tools/selftest_doc.py --runs 1
+	$(BIN)/python tools/selftest_doc.py --runs 1 --no-doc
 	$(BIN)/python tools/bench_clients.py --tools $(BENCH_TOOLS) --concurrency 1,200 \
 		--repeat-c1 1 --no-doc
 	$(BIN)/python tools/bench_planner.py

@@ -2,7 +2,8 @@
 docs/benchmarks.md between the selftest markers (reruns replace them).
 
     .venv/bin/python tools/selftest_doc.py            # about two minutes on two cores
-    .venv/bin/python tools/selftest_doc.py --runs 1   # one run a mode (CI's `make bench-quick`)
+    .venv/bin/python tools/selftest_doc.py --runs 1 --no-doc   # one run a mode, printed only
+                                                               # (CI's `make bench-quick`)
     .venv/bin/python tools/selftest_doc.py --workers  # scale-out: about five minutes
 
 ``--workers`` measures the load split between worker processes instead (`selftest --workers`
@@ -295,6 +296,9 @@ def main() -> None:
         "",
         table(burst),
     ])
+    if "--no-doc" in argv:  # a quick run prints its tables; the doc keeps its medians of RUNS
+        print(block.removeprefix(START + "\n"))
+        return
     text = DOC.read_text() if DOC.exists() else ""
     if P_START in text:  # the pinned table is measured apart (--pin-write): kept
         block += "\n\n" + text[text.index(P_START): text.index(P_END) + len(P_END)]
