@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,14 @@ import pytest
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.pop("COLUMNS", None)
     os.environ.pop("LINES", None)
+
+# Tests stop pdscope's commands with Ctrl-C (SIGINT), as a user at a terminal would. A run
+# started where SIGINT is ignored (a background job of a script, nohup) hands that to every
+# process it starts, and a command that would stop at Ctrl-C runs on: seen here when `.ci/run`
+# was started with `&` (three lab tests waited out their timeouts on `pdscope watch`). The
+# suite's processes get the terminal's Ctrl-C back; each exec'd child then starts with it too.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 DATA = Path(__file__).parent / "data"
 FIXTURES = DATA / "fixtures"

@@ -201,9 +201,17 @@ def test_the_reference_server_s_thinking_is_counted_and_timed(form: str, api: Ap
     assert r.ok, r.error
     assert r.n_out == N_OUT
     assert (r.reasoning_tokens, r.answer_tokens) == (N_THOUGHT, N_OUT - N_THOUGHT)
-    # The first answer token is due N_THOUGHT gaps after the first token: 200 ms. A busy
-    # two-core machine delays a single token by milliseconds, not by 50.
-    assert r.thinking_s is not None and abs(r.thinking_s - N_THOUGHT * ITL_S) < 0.05
+    # Thinking ends where the answer's first chunk came: the one after the N_THOUGHT thought
+    # chunks (a token a chunk), N_THOUGHT gaps after the first on the server's schedule (200
+    # ms). The times are read, not asserted against the schedule: on a busy two-core machine
+    # (both test workers, a wheel being built) the server or the client can stall for tens of
+    # milliseconds, which moves the gap and says nothing of where thinking ended.
+    assert len(r.token_times_ns) == N_OUT
+    assert r.t_first_answer_ns == r.token_times_ns[N_THOUGHT]
+    assert r.thinking_s == (r.token_times_ns[N_THOUGHT] - r.token_times_ns[0]) / 1e9 > 0
+    due = r.server_due_ns  # the schedule, where the server writes it into its chunks
+    if due is not None:
+        assert (due[N_THOUGHT] - due[0]) / 1e9 == pytest.approx(N_THOUGHT * ITL_S, abs=1e-3)
     assert r.ttfo_s is not None and r.ttft_s is not None and r.ttfo_s > r.ttft_s
 
 
