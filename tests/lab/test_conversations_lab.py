@@ -1,7 +1,7 @@
 """bench --conversations on the lab's vLLM (prefix caching on by default in V1): with reuse the
-history is served from the prefix cache and turn 5's TTFT stays near turn 1's; with a fresh
-``cache_salt`` a request (--no-prefix-reuse) every turn prefills its whole history and TTFT grows
-with it. The cached share is read from the server's /metrics."""
+history is served from the prefix cache and turn 5's TTFT stays well below what it is without;
+with a fresh ``cache_salt`` a request (--no-prefix-reuse) every turn prefills its whole history
+and TTFT grows with it. The cached share is read from the server's /metrics."""
 
 from __future__ import annotations
 
@@ -43,20 +43,19 @@ def test_prefix_reuse_keeps_late_turns_flat(vllm_server: lab.LabServer, tmp_path
           off["server_cache_share"])
     prompts = [t["prompt_tokens_p50"] for t in on["per_turn"]]
     assert prompts[4] >= prompts[0] + 4 * 300
-    # With reuse turn 5 prefills about its new message: within 2.5x of turn 1 (measured 1.43x
-    # on a busy 2-core AMD EPYC: 0.99 s and 1.41 s; 1.61x on a faster Xeon:
-    # 0.40 s and 0.64 s).
-    assert ttft(on, 5) < 2.5 * ttft(on, 1)
-    # Without, it prefills five times the tokens: at least twice turn 1 (measured 7.2x on the
-    # EPYC, 3.1x on the Xeon, where a step's fixed cost is a larger part of a short prefill).
+    # With reuse turn 5 prefills about its new message, without it the whole history: turn 5
+    # takes at most three quarters of its time without reuse. Measured 0.32 (1.28 s against
+    # 4.03 s) in CI on an AMD EPYC with AVX-512; on one here 0.31-0.34 quiet, 0.44 and 0.51
+    # beside a busy core, 0.24 beside two; 0.53 on a faster Xeon. Not against turn 1, nor the
+    # growth from turn 1 to 5 against the growth without reuse (the difference of two noisy
+    # figures, 2.3x beside a busy core against the 2x it asserted): one turn of two short
+    # prompts moves with what else holds the cores (turn 5 over turn 1 read 1.0x to 3.0x on
+    # that EPYC), and CPUs differ in what a prefill over cached blocks costs.
+    assert ttft(on, 5) < 0.75 * ttft(off, 5), (ttft(on, 5), ttft(off, 5))
+    # Without, it prefills five times the tokens: at least twice turn 1 (measured 7.2x on an AVX2
+    # EPYC, 3.9x to 7.3x on the AVX-512 one, 3.1x on the Xeon, where a step's fixed cost is a
+    # larger part of a short prefill).
     assert ttft(off, 5) > 2.0 * ttft(off, 1)
-    # And the history costs without reuse what it does not with: TTFT grows from turn 1 to 5 by
-    # twice as much or more (the growth, not the ratio: the fixed cost of a step is in both
-    # turns and hides the prefill on a fast CPU). Measured 11x (4.70 s and 0.42 s) on the EPYC,
-    # 3.4x (0.82 s and 0.24 s) on the Xeon, where turn 5 without reuse
-    # was only 1.9x turn 5 with it.
-    grown_off, grown_on = ttft(off, 5) - ttft(off, 1), ttft(on, 5) - ttft(on, 1)
-    assert grown_off > 2.0 * max(grown_on, 0.0), (grown_off, grown_on)
     # The server's own counters: most of turns 2-5 is a hit with reuse (measured 62% of all
     # prompt tokens), nothing without (0).
     assert on["server_cache_share"] is not None and on["server_cache_share"] > 0.4

@@ -13,13 +13,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -27,39 +22,12 @@ from pdscope import lab
 from pdscope.client.record import ERROR_KINDS
 from pdscope.load import StageSummary, read_run
 from tests.lab.conftest import wait_group_empty
+from tests.lab.live import collect, pdscope, wait_for
 
 pytestmark = pytest.mark.lab
 
 PROMPTS = 60
 KILL_AFTER = 8  # requests completed before the kill
-
-
-def pdscope(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pdscope", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "COLUMNS": "120"},
-    )
-
-
-def collect(stream: IO[str] | None) -> list[str]:
-    """The lines of a stream as they come, read on a thread of their own."""
-    lines: list[str] = []
-    assert stream is not None
-
-    def read() -> None:
-        for line in stream:
-            lines.append(line)
-
-    threading.Thread(target=read, daemon=True).start()
-    return lines
-
-
-def wait_for(what: str, ready: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
-        time.sleep(0.2)
 
 
 def finished_lines(path: Path) -> int:

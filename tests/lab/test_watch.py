@@ -31,21 +31,27 @@ from pdscope.metrics import (
     FULL_POOL_KV_USAGE,
     ThreadedMetricsRecorder,
     bracket,
+    detect_metric_map,
     load_recording,
+    make_window,
     recording_window,
+    scrape,
 )
+from tests.lab.live import Watch
 
 pytestmark = pytest.mark.lab
 
 REQUESTS = 10
 WORDS = 1400
 MAX_TOKENS = 16
-WINDOWS = 8
+WINDOWS = 9
 # Seconds a window. vLLM publishes its gauges (requests waiting among them) when a step ends, so
 # no window sees the queue before the first step of 2,048 prompt tokens is done: about 1.3 s on
 # a CPU with a bfloat16 dot product, 12 s on an AMD EPYC with AVX2 only (float32), where eight
-# windows of a second all read 0 waiting in CI (2026-12-06). Eight of 4 s reach past 30.
+# windows of a second all read 0 waiting in CI (2026-12-06). The first window ends before the
+# load starts; eight of 4 s after it reach past 30.
 WINDOW_S = 4
+RUN = f"{time.time_ns():x}"
 WORDS_POOL = (
     "prefill decode cache token prompt batch queue memory bandwidth compute server request "
     "stream latency scheduler block pool engine step model layer head attention"
@@ -71,7 +77,10 @@ class WatchedLoad:
 
 async def stream(session: aiohttp.ClientSession, url: str, model: str, index: int) -> Sent:
     rng = random.Random(1000 + index)
-    prompt = f"Request {index}: " + " ".join(rng.choice(WORDS_POOL) for _ in range(WORDS))
+    # A prompt of its own each run: a server that has seen these prompts (the load run twice on
+    # one server) serves them from its prefix cache, and the load is over in 2 s.
+    prompt = f"Request {index} of run {RUN}: " + " ".join(
+        rng.choice(WORDS_POOL) for _ in range(WORDS))
     body = {
         "model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
@@ -101,23 +110,21 @@ def watched_load(
     """One load run, watched by `pdscope watch --json` and recorded beside it."""
     recording = tmp_path_factory.mktemp("watch") / "load.metrics.jsonl"
     with ThreadedMetricsRecorder(vllm_server.url, recording, interval=0.5):
-        watch = subprocess.Popen(
-            [sys.executable, "-m", "pdscope", "watch", vllm_server.url, "--json",
-             "--count", str(WINDOWS), "--interval", str(WINDOW_S)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
-        )
+        watch = Watch(vllm_server.url, "--count", str(WINDOWS), "--interval", str(WINDOW_S))
         try:
+            # The load starts once the watch's first window (before it) is out: CI once had a
+            # watch take its first scrape after a 15 s load had ended, and every window read 0.
+            watch.first_window()
             start = time.monotonic()
             sent = asyncio.run(load(vllm_server.url, vllm_server.model))
             end = time.monotonic()
-            out, err = watch.communicate(timeout=60)
+            status = watch.wait(timeout=WINDOWS * WINDOW_S + 60)
         finally:
-            if watch.poll() is None:
-                watch.kill()
+            watch.kill()
     yield WatchedLoad(
-        windows=[json.loads(line) for line in out.splitlines()],
-        watch_stderr=err,
-        watch_status=watch.returncode,
+        windows=watch.windows(),
+        watch_stderr="".join(watch.errors),
+        watch_status=status,
         sent=sent,
         recording=recording,
         load_start_t=start,
@@ -203,21 +210,19 @@ def test_llama_server_s_slots_fill_and_the_rest_are_deferred(llamacpp_server: la
     """Eight users on four slots: watch shows every slot busy and requests deferred
     (``llamacpp:requests_processing``, ``llamacpp:requests_deferred``), bench's own record of
     /metrics says the same, and on the client the waiting half shows in the TTFT."""
-    live = subprocess.Popen([sys.executable, "-m", "pdscope", "watch", llamacpp_server.url,
-                             "--json", "--count", "25", "--interval", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)
+    # Watched from before the bench starts until it is done, then stopped as a user stops it.
+    live = Watch(llamacpp_server.url, "--count", "300", "--interval", "1")
+    live.first_window()
     r = subprocess.run(
         [sys.executable, "-m", "pdscope", "bench", llamacpp_server.url, "--concurrency", "8",
          "--num-prompts", "12", "--input-len", "200", "--output-len", "32",
          "--out", str(tmp_path), "--json"],
         capture_output=True, text=True, timeout=300,
     )
+    assert live.stop() == 0, "".join(live.errors)
     assert r.returncode == 0, r.stderr
     bench = json.loads(r.stdout)
-    live_out, live_err = live.communicate(timeout=90)
-    assert live.returncode == 0, live_err
-    windows = [json.loads(line) for line in live_out.splitlines()]
+    windows = live.windows()
     assert max(w["num_requests_running"] for w in windows) == 4  # the lab's -np 4
     assert max(w["num_requests_waiting"] for w in windows) > 0
     peak = bench["server_metrics"]["peak"]
@@ -229,50 +234,50 @@ def test_llama_server_s_slots_fill_and_the_rest_are_deferred(llamacpp_server: la
 def test_watch_beside_bench_queues_and_agrees_with_the_clients_ttft(
     vllm_server: lab.LabServer, tmp_path: Path
 ) -> None:
-    """`pdscope bench` loads the server with more long prompts than a step admits; one watch
-    shows the queue second by second, another takes a single window around the whole run."""
-    def watch(*flags: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "pdscope", "watch", vllm_server.url,
-                                 "--json", *flags], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-
-    # One window long enough for the whole run on a machine a few times slower than this one.
-    whole = watch("--count", "1", "--interval", "60")
-    # Windows a second from before the bench starts until after its load: a machine without
-    # a native bfloat16 dot product takes several seconds to build the prompts, and vLLM says
-    # who waits only when its first step (12 s there) is done.
-    live = watch("--count", "30", "--interval", "1")
-    time.sleep(0.5)  # both have taken their first scrape
+    """`pdscope bench` loads the server with eight times the prompt tokens a step admits; a watch
+    shows the queue second by second until it is stopped, and the server's own window around the
+    whole run (two scrapes, as watch takes them) puts the client's median TTFT in its bucket."""
+    # A watch for longer than the run on a machine several times slower than this one, from
+    # before the bench starts, stopped (Ctrl-C) when it is done: its windows by then are all kept.
+    live = Watch(vllm_server.url, "--count", "300", "--interval", "1")
+    live.first_window()
+    before = asyncio.run(scrape(vllm_server.url))
+    # Sixteen prompts of 600 tokens: 9,600 prompt tokens against a step of 2,048, so requests wait
+    # through four steps (vLLM publishes its gauges when a step ends). Eight of them kept a queue
+    # for one step only, about a second on a CPU with a bfloat16 dot product, which the scrapes
+    # of a busy 2-core machine missed in CI (2026-12-07); sixteen kept it in 4 to 5 windows here,
+    # 9 beside a busy core.
     r = subprocess.run(
-        [sys.executable, "-m", "pdscope", "bench", vllm_server.url, "--concurrency", "8",
-         "--num-prompts", "8", "--input-len", "600", "--output-len", "16", "--no-metrics",
+        [sys.executable, "-m", "pdscope", "bench", vllm_server.url, "--concurrency", "16",
+         "--num-prompts", "16", "--input-len", "600", "--output-len", "16", "--no-metrics",
          "--out", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=600,
     )
+    after = asyncio.run(scrape(vllm_server.url))
+    assert live.stop() == 0, "".join(live.errors)
     assert r.returncode == 0, r.stderr
     bench = json.loads(r.stdout)
-    live_out, _ = live.communicate(timeout=60)
-    whole_out, whole_err = whole.communicate(timeout=90)
-    assert whole.returncode == 0, whole_err
-    live_windows = [json.loads(line) for line in live_out.splitlines()]
-    assert max(w["num_requests_waiting"] for w in live_windows) > 0
+    live_windows = live.windows()
+    assert max(w["num_requests_waiting"] for w in live_windows) > 0, live_windows
     waiting = [w for w in live_windows if w["num_requests_waiting"]]
     assert all(w["queueing"] == "scheduler" for w in waiting)  # the pool stays far from full
-    [window] = [json.loads(line) for line in whole_out.splitlines()]
-    assert window["requests_finished"] == 8
-    lower, upper = window["resolution"]["ttft_p50_s"]
+    family = detect_metric_map(before.names)
+    assert family is not None and family.name == "vllm"
+    window = make_window(before, after, family)
+    assert window.requests_finished == 16
+    lower, upper = window.resolution["ttft_p50_s"]
     # vLLM's TTFT buckets are finite up to 2,560 s: a median of a few seconds is in one of
     # them, never in +Inf (whose missing upper bound would leave the client's figure unchecked).
-    assert upper is not None, window["resolution"]
-    # A histogram's p50 is read in the bucket that holds the request of rank ceil(0.5 n) (the 4th
-    # of 8, as Prometheus' histogram_quantile ranks), while the client's median is halfway
-    # between the 4th and the 5th; eight long prompts finish their prefill in steps, so those two
-    # can lie in different buckets (2.58 s median against a bucket ending at 2.5 s, on a fast
-    # CPU). The client's own 4th TTFT lies in the server's bucket, give or take the few
-    # milliseconds of HTTP and tokenizing between the two clocks.
+    assert math.isfinite(upper), window.resolution
+    # A histogram's p50 is read in the bucket that holds the request of rank ceil(0.5 n) (the 8th
+    # of 16, as Prometheus' histogram_quantile ranks), while the client's median is halfway
+    # between the 8th and the 9th; long prompts finish their prefill in steps, so those two can
+    # lie in different buckets (2.58 s median against a bucket ending at 2.5 s, on a fast CPU).
+    # The client's own 8th TTFT lies in the server's bucket, give or take the few milliseconds
+    # of HTTP and tokenizing between the two clocks.
     ttfts = sorted(r.record.ttft_s for r in read_requests(tmp_path / "requests.jsonl")
                    if not r.warmup and r.record.ttft_s is not None)
-    assert len(ttfts) == 8, ttfts
+    assert len(ttfts) == 16, ttfts
     client = ttfts[math.ceil(0.5 * len(ttfts)) - 1]
     assert lower - 0.01 <= client <= upper + 0.05, (lower, upper, ttfts)
     assert abs(bench["median_ttft_ms"] / 1000 - statistics.median(ttfts)) < 1e-6
