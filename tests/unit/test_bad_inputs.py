@@ -12,6 +12,7 @@ model config with one field changed, ``{ev:NAME}`` an earlier doctor folder with
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import socket
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 
 from pdscope import cli
+from pdscope.cli import build_parser
 from pdscope.cli import demo as demo_cmd
 from pdscope.cli.common import write_result
 from pdscope.cli.lab import check_exposure
@@ -645,15 +647,21 @@ def test_the_lab_refuses_host_and_port_flags_unless_exposed(
 
 
 def test_demo_ends_by_saying_the_lab_still_runs(monkeypatch: pytest.MonkeyPatch,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+                                                capsys: pytest.CaptureFixture[str],
+                                                tmp_path: Path) -> None:
     server = SimpleNamespace(url="http://127.0.0.1:28100", pid=4242, engine="vllm",
                              model="smollm2", log_path="/tmp/log", extra_args=())
     monkeypatch.setattr(demo_cmd, "start_with_progress", lambda *a, **k: (server, True, 0.0))
-    monkeypatch.setattr(demo_cmd.doctor_cmd, "run", lambda args: 0)
-    code, out, _ = run_cli(["demo", "--quick"], capsys)
+    given: list[argparse.Namespace] = []
+    monkeypatch.setattr(demo_cmd.doctor_cmd, "run", lambda args: given.append(args) or 0)
+    folder = str(tmp_path / "demo")
+    code, out, _ = run_cli(["demo", "--quick", "--out", folder], capsys)
     assert code == 0
     last = out.strip().splitlines()[-1]
     assert "still running at http://127.0.0.1:28100" in last and "pdscope lab stop" in last
+    # The doctor is given what `pdscope doctor URL --quick --out DIR` gives it, every flag there.
+    typed = build_parser().parse_args(["doctor", server.url, "--quick", "--out", folder])
+    assert [vars(a) for a in given] == [vars(typed)]
 
 
 def test_a_result_that_cannot_be_written_goes_to_the_rescue_folder(

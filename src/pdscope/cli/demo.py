@@ -6,7 +6,7 @@ import argparse
 
 from pdscope import lab
 from pdscope.cli import doctor as doctor_cmd
-from pdscope.cli.common import command_parser, console, out_folder
+from pdscope.cli.common import CliParser, command_parser, console, out_folder
 from pdscope.cli.lab import print_started, start_with_progress
 
 EXAMPLES = """
@@ -41,13 +41,18 @@ def run(args: argparse.Namespace) -> int:
     server, reused, took = start_with_progress(engine.name, None, [], 900.0)
     print_started(server, reused, took)
     console.rule(f"pdscope doctor on the lab's {engine.name}")
-    doctor_args = argparse.Namespace(
-        url=server.url, model=None, api="auto", api_key=None, api_key_env=None, device=None,
-        model_config=None, quick=args.quick, slo="ttft:2000,itl:200", out=args.out,
-        compare_with=[], json=False,
-    )
     try:
-        return doctor_cmd.run(doctor_args)
+        return doctor_cmd.run(doctor_args(server.url, args.quick, args.out))
     finally:
         console.print(f"\nThe lab's {engine.name} server is still running at {server.url}"
                       f" (pid {server.pid}): stop it with `pdscope lab stop`.")
+
+
+def doctor_args(url: str, quick: bool, out: str | None) -> argparse.Namespace:
+    """What ``pdscope doctor URL [--quick] [--out DIR]`` would be given, read by the doctor's
+    own parser: every flag it has, at its default (a namespace written out here went stale
+    when the doctor gained --thorough, and `make demo` failed at its first line)."""
+    parser = CliParser(prog="pdscope")
+    doctor_cmd.register(parser.add_subparsers(dest="command", parser_class=CliParser))
+    argv = ["doctor", url, *(["--quick"] if quick else []), *(["--out", out] if out else [])]
+    return parser.parse_args(argv)
